@@ -1,0 +1,1 @@
+"""XTML grammars, shipped as package data (``xtml.grammar``)."""

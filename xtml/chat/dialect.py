@@ -1,0 +1,256 @@
+"""A dialect: how chat requests map to XTML, read from a data file.
+
+The file (TOML) holds every model-specific fact: marker strings, element and
+attribute names, roles, thinking efforts, image settings and the prose of the
+internal system messages. Loading one never runs code.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import TemplateError
+from ..markup.header import is_name
+from ..markup.markers import Markers
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+POSITIONS = ("global", "inline", "one-shot")
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """An internal message body with ``{name}`` placeholders."""
+
+    source: str
+    """The body as written in the file."""
+    names: tuple[str, ...]
+    """Placeholder names in order."""
+    pattern: re.Pattern[str]
+    """Matches a rendered body and captures the placeholders."""
+
+    @classmethod
+    def compile(cls, source: str, where: str) -> Body:
+        names: list[str] = []
+        rx: list[str] = []
+        pos = 0
+        for m in _PLACEHOLDER.finditer(source):
+            rx.append(re.escape(source[pos : m.start()]))
+            tok = m.group(0)
+            if tok == "{{":
+                rx.append(re.escape("{"))
+            elif tok == "}}":
+                rx.append(re.escape("}"))
+            else:
+                name = m.group(1)
+                if name in names:
+                    raise TemplateError(f"placeholder {{{name}}} is used twice", location=where)
+                names.append(name)
+                rx.append(f"(?P<{name}>.*)")
+            pos = m.end()
+        rest = source[pos:]
+        if "{" in rest.replace("{{", "") or "}" in rest.replace("}}", ""):
+            raise TemplateError("a lone brace in a body; write {{ or }} for a literal one", location=where)
+        rx.append(re.escape(rest))
+        pattern = re.compile("".join(rx), re.DOTALL)
+        return cls(source, tuple(names), pattern)
+
+    def render(self, **values: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            tok = m.group(0)
+            if tok == "{{":
+                return "{"
+            if tok == "}}":
+                return "}"
+            return values[m.group(1)]
+
+        return _PLACEHOLDER.sub(sub, self.source).strip()
+
+    def match(self, text: str) -> dict[str, str] | None:
+        m = self.pattern.fullmatch(text)
+        if m is None:
+            # The rendered body was stripped: retry against the stripped form.
+            m = self.pattern.fullmatch(text.strip()) if text != text.strip() else None
+        return None if m is None else m.groupdict()
+
+
+@dataclass(frozen=True, slots=True)
+class SystemMessage:
+    """An internal system message: an option or a declaration, as prose."""
+
+    key: str
+    """The entry's name in the file."""
+    type: str
+    """The value of the ``type`` attribute."""
+    position: str
+    """``global`` (before the history), ``inline`` (in place of a message) or
+    ``one-shot`` (after the history, before the generation prompt)."""
+    body: Body
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """Everything the chat layer needs to know about one model's format."""
+
+    name: str
+    description: str
+    markers: Markers
+    names: dict[str, str]
+    roles: tuple[str, ...]
+    role_aliases: dict[str, str]
+    thinking_default: bool
+    efforts: tuple[str, ...]
+    default_effort: str
+    thinking_off: tuple[str, ...]
+    image_placeholder: str
+    image_part_types: tuple[str, ...]
+    image_prompt: re.Pattern[str]
+    json_fallback_type: str
+    system: dict[str, SystemMessage]
+    path: str
+
+    def n(self, key: str) -> str:
+        """An element or attribute name by its role (``message``, ``role`` ...)."""
+        return self.names[key]
+
+
+_NAME_KEYS = ("message", "think", "response", "tools", "call", "argument", "json",
+              "role", "name", "type", "tool", "index", "key")
+_SYSTEM_KEYS = ("tool-declare", "tool-declare-dynamic", "thinking-effort", "tool-choice-required",
+                "tool-choice-none", "response-format-json-object", "response-format-json-schema")
+
+
+def _take(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    if key not in d:
+        raise TemplateError(f"missing key {key!r}", location=where)
+    v = d[key]
+    if not isinstance(v, typ):
+        raise TemplateError(f"key {key!r} has the wrong type ({type(v).__name__})", location=where)
+    return v
+
+
+def _strs(v: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise TemplateError("expected a list of strings", location=where)
+    return tuple(v)
+
+
+def _no_extra(d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise TemplateError(f"unknown key {k!r}", location=where)
+
+
+def from_dict(data: dict[str, Any], path: str) -> Dialect:
+    """Build and check a dialect from parsed TOML."""
+    _no_extra(data, ("template", "markers", "names", "roles", "thinking", "images", "json_fallback", "system"),
+              path)
+    tpl = _take(data, "template", dict, path)
+    _no_extra(tpl, ("name", "description"), f"{path}: template")
+    mk = _take(data, "markers", dict, path)
+    w = f"{path}: markers"
+    _no_extra(mk, ("open", "close", "sep", "end", "embed_begin", "embed_inner", "embed_end", "embed_mark",
+                   "optional", "stop"), w)
+    markers = Markers(
+        open=_take(mk, "open", str, w),
+        close=_take(mk, "close", str, w),
+        sep=_take(mk, "sep", str, w),
+        end=_take(mk, "end", str, w),
+        embed_begin=_strs(mk.get("embed_begin", []), f"{w}.embed_begin"),
+        embed_inner=_strs(mk.get("embed_inner", []), f"{w}.embed_inner"),
+        embed_end=_strs(mk.get("embed_end", []), f"{w}.embed_end"),
+        embed_mark=_strs(mk.get("embed_mark", []), f"{w}.embed_mark"),
+        optional=frozenset(_strs(mk.get("optional", []), f"{w}.optional")),
+        stop=_strs(mk.get("stop", [mk.get("end", "")]), f"{w}.stop"),
+    )
+    nm = _take(data, "names", dict, path)
+    _no_extra(nm, _NAME_KEYS, f"{path}: names")
+    names = {}
+    for k in _NAME_KEYS:
+        v = _take(nm, k, str, f"{path}: names")
+        if not is_name(v):
+            raise TemplateError(f"{v!r} is not a valid tag or attribute name", location=f"{path}: names.{k}")
+        names[k] = v
+    ro = _take(data, "roles", dict, path)
+    _no_extra(ro, ("accepted", "aliases"), f"{path}: roles")
+    roles = _strs(_take(ro, "accepted", list, f"{path}: roles"), f"{path}: roles.accepted")
+    aliases = dict(ro.get("aliases", {}))
+    th = _take(data, "thinking", dict, path)
+    _no_extra(th, ("default", "efforts", "default_effort", "off"), f"{path}: thinking")
+    efforts = _strs(_take(th, "efforts", list, f"{path}: thinking"), f"{path}: thinking.efforts")
+    default_effort = _take(th, "default_effort", str, f"{path}: thinking")
+    if default_effort not in efforts:
+        raise TemplateError("default_effort is not one of efforts", location=f"{path}: thinking")
+    im = _take(data, "images", dict, path)
+    _no_extra(im, ("placeholder", "part_types", "prompt"), f"{path}: images")
+    try:
+        prompt = re.compile(_take(im, "prompt", str, f"{path}: images"))
+    except re.error as e:
+        raise TemplateError(f"bad image prompt pattern: {e}", location=f"{path}: images.prompt") from None
+    jf = data.get("json_fallback", {"type": "object"})
+    sysd = _take(data, "system", dict, path)
+    system: dict[str, SystemMessage] = {}
+    for key in _SYSTEM_KEYS:
+        where = f"{path}: system.{key}"
+        entry = _take(sysd, key, dict, f"{path}: system")
+        _no_extra(entry, ("type", "position", "body"), where)
+        pos = _take(entry, "position", str, where)
+        if pos not in POSITIONS:
+            raise TemplateError(f"position must be one of {', '.join(POSITIONS)}", location=where)
+        system[key] = SystemMessage(key, entry.get("type", key), pos,
+                                    Body.compile(_take(entry, "body", str, where), where))
+    _no_extra(sysd, _SYSTEM_KEYS, f"{path}: system")
+    return Dialect(
+        name=_take(tpl, "name", str, f"{path}: template"),
+        description=tpl.get("description", ""),
+        markers=markers,
+        names=names,
+        roles=roles,
+        role_aliases=aliases,
+        thinking_default=bool(th.get("default", True)),
+        efforts=efforts,
+        default_effort=default_effort,
+        thinking_off=_strs(th.get("off", []), f"{path}: thinking.off"),
+        image_placeholder=_take(im, "placeholder", str, f"{path}: images"),
+        image_part_types=_strs(im.get("part_types", ["image"]), f"{path}: images.part_types"),
+        image_prompt=prompt,
+        json_fallback_type=str(jf.get("type", "object")),
+        system=system,
+        path=path,
+    )
+
+
+BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml"}
+
+
+def builtin_path(name: str) -> str:
+    return str(resources.files("xtml.dialects").joinpath(BUILTIN[name]))
+
+
+def load_dialect(name_or_path: str | Path) -> Dialect:
+    """A built-in dialect by name, or a dialect file by path."""
+    key = str(name_or_path)
+    if key in BUILTIN:
+        text = resources.files("xtml.dialects").joinpath(BUILTIN[key]).read_text(encoding="utf-8")
+        where = BUILTIN[key]
+    else:
+        p = Path(key)
+        if not p.is_file():
+            raise TemplateError(
+                f"no template named {key!r} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
+            )
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TemplateError(f"cannot read template: {e}", location=key) from None
+        where = key
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TemplateError(f"invalid TOML: {e}", location=where) from None
+    return from_dict(data, where)

@@ -1,0 +1,386 @@
+"""Markup tree → request (or, for a completion, one assistant message).
+
+The output is the normal form of :mod:`.render`: ``parse(render(x)) ==
+normalize(x)``. Strict parses raise :class:`ParseError` at the first element
+that is not of the dialect; lenient parses keep going, record a
+:class:`~xtml.markup.nodes.Diagnostic` per repair and never raise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import ParseError
+from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
+from .dialect import Dialect, SystemMessage
+from .render import call_id
+
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+    "object": dict,
+    "array": list,
+}
+
+
+class _Reader:
+    def __init__(self, d: Dialect, lenient: bool, shift: int = 0) -> None:
+        self.d = d
+        self.n = d.names
+        self.lenient = lenient
+        self.diags: list[Diagnostic] = []
+        self.shift = shift
+        self.image_prompts: list[str] = []
+        self.placeholders = 0
+
+    def problem(self, el: Element | None, msg: str, kind: str, path: str = "") -> None:
+        off = max(0, (el.offset if el is not None and el.offset >= 0 else 0) - self.shift)
+        if not self.lenient:
+            raise ParseError(msg, offset=off, path=path)
+        self.diags.append(Diagnostic(kind, off, f"{msg} (in {path})" if path else msg))
+
+    # -- pieces ----------------------------------------------------------------
+
+    def attrs(self, el: Element, allowed: tuple[str, ...], path: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for k, v in el.attrs:
+            if k not in allowed:
+                self.problem(el, f"unexpected attribute {k!r} on {el.tag!r}", "unknown-attribute", path)
+                continue
+            if k in out:
+                self.problem(el, f"attribute {k!r} given twice", "duplicate-attribute", path)
+            out[k] = v
+        return out
+
+    def text(self, el: Element, path: str) -> str:
+        """Body text of an element that may hold only text."""
+        parts: list[str] = []
+        for c in el.children:
+            if isinstance(c, Text):
+                parts.append(c.text)
+            elif isinstance(c, Embed):
+                self.problem(el, f"an embed inside {el.tag!r}, where only text may stand", "unexpected-embed",
+                             path)
+                parts.append(c.raw)
+            elif isinstance(c, Element):
+                self.problem(c, f"element {c.tag!r} inside {el.tag!r}, where only text may stand",
+                             "unexpected-element", path)
+                parts.append(self.flatten(c))
+        return "".join(parts)
+
+    def flatten(self, node: Node) -> str:
+        if isinstance(node, Text):
+            return node.text
+        if isinstance(node, Embed):
+            return node.raw
+        if isinstance(node, Element):
+            return "".join(self.flatten(c) for c in node.children)
+        return ""
+
+    def content(self, el: Element, path: str) -> str | list[dict[str, Any]]:
+        """Text and images, as in the normal form."""
+        out: list[dict[str, Any]] = []
+        plain = True
+        for c in el.children:
+            if isinstance(c, Text):
+                if not c.text:
+                    continue
+                if out and out[-1]["type"] == "text":
+                    out[-1]["text"] += c.text
+                else:
+                    out.append({"type": "text", "text": c.text})
+            elif isinstance(c, Embed):
+                plain = False
+                out.append({"type": "image"})
+                if c.raw == self.d.image_placeholder:
+                    self.placeholders += 1
+                elif self.d.image_prompt.match(c.raw):
+                    self.image_prompts.append(c.raw)
+                else:
+                    self.problem(el, f"embed {c.raw[:60]!r} is not an image of this format", "unknown-embed",
+                                 path)
+            elif isinstance(c, Element):
+                self.problem(c, f"element {c.tag!r} inside message content", "unexpected-element", path)
+                text = self.flatten(c)
+                if text:
+                    out.append({"type": "text", "text": text})
+        if plain:
+            return "".join(p["text"] for p in out)
+        return out
+
+    # -- assistant -------------------------------------------------------------
+
+    def assistant(self, el: Element, pos: int, thinking: bool | None, path: str) -> dict[str, Any]:
+        n = self.n
+        a = self.attrs(el, (n["role"], n["name"]), path)
+        msg: dict[str, Any] = {"role": "assistant"}
+        if a.get(n["name"]):
+            msg["name"] = a[n["name"]]
+        order = {n["think"]: 0, n["response"]: 1, n["tools"]: 2}
+        seen: dict[str, Element] = {}
+        last = -1
+        for c in el.children:
+            if isinstance(c, Element) and c.tag in order:
+                if c.tag in seen:
+                    self.problem(c, f"channel {c.tag!r} appears twice", "duplicate-channel", path)
+                elif order[c.tag] < last:
+                    self.problem(c, f"channel {c.tag!r} is out of order", "channel-order", path)
+                last = max(last, order[c.tag])
+                seen.setdefault(c.tag, c)
+            elif isinstance(c, Text) and not c.text.strip() and self.lenient:
+                continue
+            else:
+                what = f"element {c.tag!r}" if isinstance(c, Element) else "text"
+                self.problem(c if isinstance(c, Element) else el,
+                             f"{what} in an assistant message, outside any channel", "stray-content", path)
+                if isinstance(c, Text | Embed):
+                    seen.setdefault("_stray", Element(n["response"], (), (c,)))
+        think = seen.get(n["think"])
+        if thinking is True and think is None and not self.lenient:
+            self.problem(el, "assistant message without a think channel in thinking mode", "missing-channel",
+                         path)
+        if thinking is False and think is not None:
+            self.problem(think, "think channel in non-thinking mode", "unexpected-channel", path)
+        response = seen.get(n["response"]) or seen.get("_stray")
+        if n["response"] not in seen and not self.lenient:
+            self.problem(el, "assistant message without a response channel", "missing-channel", path)
+        msg["content"] = self.content(response, f"{path}/{n['response']}") if response is not None else ""
+        if think is not None:
+            reasoning = self.text(think, f"{path}/{n['think']}")
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+        tools = seen.get(n["tools"])
+        if tools is not None:
+            calls = []
+            for c in tools.children:
+                if isinstance(c, Element) and c.tag == n["call"]:
+                    calls.append(self.call(c, pos, len(calls) + 1, f"{path}/{n['tools']}"))
+                elif isinstance(c, Text) and not c.text.strip() and self.lenient:
+                    continue
+                else:
+                    self.problem(tools, "only calls may stand in the tools channel", "stray-content", path)
+            if calls:
+                msg["tool_calls"] = calls
+        return msg
+
+    def call(self, el: Element, pos: int, k: int, path: str) -> dict[str, Any]:
+        n = self.n
+        here = f"{path}/{n['call']}[{k}]"
+        a = self.attrs(el, (n["tool"], n["index"]), here)
+        name = a.get(n["tool"])
+        if not name:
+            self.problem(el, "a call without a tool name", "missing-attribute", here)
+            name = name or ""
+        if a.get(n["index"]) != str(k):
+            self.problem(el, f"call index {a.get(n['index'])!r}, expected {str(k)!r}", "bad-index", here)
+        blocks = [c for c in el.children if isinstance(c, Element) and c.tag == n["json"]]
+        arguments: str
+        if blocks:
+            if len(el.children) != 1:
+                self.problem(el, "a json block must be the only thing in a call", "stray-content", here)
+            arguments = self.text(blocks[0], f"{here}/{n['json']}")
+        else:
+            args: dict[str, Any] = {}
+            for c in el.children:
+                if isinstance(c, Element) and c.tag == n["argument"]:
+                    key, value = self.argument(c, f"{here}/{n['argument']}")
+                    if key in args:
+                        self.problem(c, f"argument {key!r} given twice", "duplicate-argument", here)
+                    args[key] = value
+                elif isinstance(c, Text) and not c.text.strip() and self.lenient:
+                    continue
+                else:
+                    self.problem(el, "only arguments may stand in a call", "stray-content", here)
+            arguments = json.dumps(args, ensure_ascii=False)
+        return {"id": call_id(pos, k), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+    def argument(self, el: Element, path: str) -> tuple[str, Any]:
+        n = self.n
+        a = self.attrs(el, (n["key"], n["type"]), path)
+        key = a.get(n["key"])
+        if key is None:
+            self.problem(el, "an argument without a key", "missing-attribute", path)
+            key = ""
+        typ = a.get(n["type"], "string")
+        if n["type"] not in a:
+            self.problem(el, f"argument {key!r} without a type", "missing-attribute", path)
+        raw = self.text(el, path)
+        if typ == "string":
+            return key, raw
+        want = _JSON_TYPES.get(typ)
+        if want is None:
+            self.problem(el, f"argument {key!r} has unknown type {typ!r}", "bad-argument", path)
+            return key, raw
+        try:
+            value = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError):
+            self.problem(el, f"argument {key!r} of type {typ} is not JSON: {raw[:40]!r}", "bad-argument", path)
+            return key, raw
+        if not isinstance(value, want) or (typ == "number" and isinstance(value, bool)):
+            self.problem(el, f"argument {key!r} is not a {typ}: {raw[:40]!r}", "bad-argument", path)
+            return key, raw
+        return key, value
+
+    # -- documents -------------------------------------------------------------
+
+    def internal(self, el: Element, typ: str, path: str) -> tuple[SystemMessage, dict[str, str]] | None:
+        body = self.text(el, path)
+        for sm in self.d.system.values():
+            if sm.type != typ:
+                continue
+            got = sm.body.match(body)
+            if got is not None:
+                return sm, got
+        self.problem(el, f"system message of type {typ!r} has a body this template does not know",
+                     "unknown-system-message", path)
+        return None
+
+    def conversation(self, doc: Document) -> dict[str, Any]:
+        n = self.n
+        d = self.d
+        elements = [x for x in doc.nodes if isinstance(x, Element)]
+        options: dict[str, Any] = {}
+        msgs: list[dict[str, Any]] = []
+        agp = False
+        # Thinking mode shows in the thinking-effort message; look ahead for it
+        # so assistant messages can be checked against the mode.
+        thinking = any(
+            e.attr(n["role"]) == "system" and e.attr(n["type"]) == d.system["thinking-effort"].type
+            for e in elements)
+        prior_pos: int | None = None
+        prior_calls = 0
+        tool_count = 0
+        for k, el in enumerate(elements):
+            path = f"{n['message']}[{k}]"
+            if el.tag != n["message"]:
+                self.problem(el, f"top-level element {el.tag!r} is not a {n['message']!r}", "unknown-element",
+                             path)
+                continue
+            role = el.attr(n["role"])
+            if not el.closed and k == len(elements) - 1 and self._is_prompt(el, thinking):
+                agp = True
+                continue
+            if role == "system" and el.attr(n["type"]) is not None:
+                self.attrs(el, (n["role"], n["type"]), path)
+                hit = self.internal(el, el.attr(n["type"]) or "", path)
+                if hit is None:
+                    continue
+                sm, values = hit
+                self._option(el, sm, values, options, msgs, path)
+                continue
+            if role == "assistant":
+                msgs.append(self.assistant(el, len(msgs), thinking, path))
+                prior_pos = len(msgs) - 1
+                prior_calls = len(msgs[-1].get("tool_calls", ()))
+                tool_count = 0
+                continue
+            if role == "tool":
+                a = self.attrs(el, (n["role"], n["tool"], n["index"]), path)
+                tool_count += 1
+                if a.get(n["index"]) != str(tool_count):
+                    self.problem(el, f"tool result index {a.get(n['index'])!r}, expected {str(tool_count)!r}",
+                                 "bad-index", path)
+                tm: dict[str, Any] = {"role": "tool", "name": a.get(n["tool"], "")}
+                if prior_pos is not None and tool_count <= prior_calls:
+                    tm["tool_call_id"] = call_id(prior_pos, tool_count)
+                tm["content"] = self.content(el, path)
+                msgs.append(tm)
+                continue
+            if role in ("system", "user") or (role in d.roles and role not in ("assistant", "tool")):
+                a = self.attrs(el, (n["role"], n["name"]), path)
+                m: dict[str, Any] = {"role": role}
+                if a.get(n["name"]):
+                    m["name"] = a[n["name"]]
+                m["content"] = self.content(el, path)
+                msgs.append(m)
+                continue
+            self.problem(el, f"unknown role {role!r}", "unknown-role", path)
+        req: dict[str, Any] = {"messages": msgs}
+        if "tools" in options:
+            req["tools"] = options["tools"]
+        req["thinking"] = "thinking_effort" in options
+        for key in ("thinking_effort", "tool_choice", "response_format"):
+            if key in options:
+                req[key] = options[key]
+        req["add_generation_prompt"] = agp
+        if self.image_prompts:
+            if self.placeholders:
+                self.problem(None, "image placeholders and expanded image prompts in one conversation",
+                             "mixed-images")
+            req["image_prompts"] = self.image_prompts
+        return req
+
+    def _is_prompt(self, el: Element, thinking: bool) -> bool:
+        n = self.n
+        if el.attrs != ((n["role"], "assistant"),) or len(el.children) != 1:
+            return False
+        ch = el.children[0]
+        want = n["think"] if thinking else n["response"]
+        return isinstance(ch, Element) and ch.tag == want and not ch.closed and not ch.children and not ch.attrs
+
+    def _option(self, el: Element, sm: SystemMessage, values: dict[str, str], options: dict[str, Any],
+                msgs: list[dict[str, Any]], path: str) -> None:
+        def once(key: str, value: Any) -> None:
+            if key in options:
+                self.problem(el, f"option {key!r} is given twice", "duplicate-option", path)
+            options[key] = value
+
+        def load(text: str, what: str) -> Any:
+            try:
+                return json.loads(text)
+            except (json.JSONDecodeError, RecursionError):
+                self.problem(el, f"the {what} in this system message is not JSON", "bad-json", path)
+                return None
+
+        if sm.key == "tool-declare":
+            once("tools", load(values["tools"], "tool list"))
+        elif sm.key == "tool-declare-dynamic":
+            msgs.append({"role": "system", "content": "", "tools": load(values["tools"], "tool list")})
+        elif sm.key == "thinking-effort":
+            effort = values["effort"]
+            if effort not in self.d.efforts:
+                self.problem(el, f"unknown thinking effort {effort!r}", "bad-option", path)
+            once("thinking_effort", effort)
+        elif sm.key.startswith("tool-choice-"):
+            once("tool_choice", sm.key.removeprefix("tool-choice-"))
+        elif sm.key == "response-format-json-object":
+            once("response_format", {"type": "json_object"})
+        elif sm.key == "response-format-json-schema":
+            once("response_format",
+                 {"type": "json_schema", "json_schema": {"schema": load(values["schema"], "schema")}})
+
+    def completion(self, doc: Document, thinking: bool) -> dict[str, Any]:
+        """The last message of a document made of the generation prompt and
+        what the model wrote after it."""
+        n = self.n
+        elements = [x for x in doc.nodes if isinstance(x, Element)]
+        if not elements:
+            self.problem(None, "no assistant message in the completion", "empty")
+            return {"role": "assistant", "content": ""}
+        el = elements[-1]
+        if len(elements) > 1:
+            self.problem(elements[1], "output continues after the end of the message", "trailing-output")
+            el = elements[0]
+        return self.assistant(el, 0, thinking, n["message"])
+
+
+def parse_conversation(d: Dialect, doc: Document, *, lenient: bool) -> tuple[dict[str, Any], list[Diagnostic]]:
+    r = _Reader(d, lenient)
+    req = r.conversation(doc)
+    return req, list(doc.diagnostics) + r.diags
+
+
+def parse_completion(
+    d: Dialect, doc: Document, *, thinking: bool, lenient: bool, shift: int
+) -> tuple[dict[str, Any], list[Diagnostic]]:
+    r = _Reader(d, lenient, shift)
+    msg = r.completion(doc, thinking)
+    if r.image_prompts:
+        msg["image_prompts"] = r.image_prompts
+    diags = [Diagnostic(x.kind, max(0, x.offset - shift), x.message) for x in doc.diagnostics]
+    return msg, diags + r.diags
+
+
+__all__ = ["EndOfMessage", "parse_completion", "parse_conversation"]

@@ -1,0 +1,193 @@
+"""Resolved request → markup tree, and → its normal form.
+
+Both walk the same resolved messages (:mod:`.request`), so what render puts
+in the tree and what the normal form says it means cannot disagree; parse
+(:mod:`.parse`) reads trees back into the normal form.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import MessageError, OptionError
+from ..markup.nodes import Element, Embed, EndOfMessage, Node, Text
+from .dialect import Dialect
+from .request import Call, Image, Msg, Options, Part, json_compact, value_type
+
+
+def call_id(pos: int, k: int) -> str:
+    """The id the normal form gives call ``k`` (1-based) of the assistant
+    message at position ``pos``: ids are not in the tokens, so they are made
+    up the same way on both sides."""
+    return f"call_{pos}_{k}"
+
+
+class _Images:
+    def __init__(self, d: Dialect, prompts: list[str] | None) -> None:
+        self.d = d
+        self.prompts = prompts
+        self.used = 0
+
+    def next(self) -> Embed:
+        if self.prompts is None:
+            return Embed(self.d.image_placeholder)
+        self.used += 1
+        if self.used > len(self.prompts):
+            return Embed("")
+        return Embed(self.prompts[self.used - 1])
+
+    def check(self) -> None:
+        if self.prompts is not None and self.used != len(self.prompts):
+            raise OptionError(
+                f"image prompt count does not match the image parts ({len(self.prompts)} prompts, "
+                f"{self.used} images)", option="image_prompts")
+
+
+def _body(parts: list[Part], images: _Images) -> tuple[Node, ...]:
+    return tuple(Text(p) if isinstance(p, str) else images.next() for p in parts)
+
+
+def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
+    """The markup of a resolved request, top-level nodes in order."""
+    n = d.names
+    msg_tag, role, type_ = n["message"], n["role"], n["type"]
+    end = EndOfMessage()
+    out: list[Node] = []
+    images = _Images(d, o.image_prompts)
+
+    def internal(key: str, **values: str) -> None:
+        sm = d.system[key]
+        body = sm.body.render(**values)
+        out.append(Element(msg_tag, ((role, "system"), (type_, sm.type)), (Text(body, stable=True),)))
+        out.append(end)
+
+    if o.tools:
+        internal("tool-declare", tools=json_compact(o.tools, "tools"))
+    if o.thinking:
+        internal("thinking-effort", effort=o.effort)
+    for m in msgs:
+        if m.tools is not None:
+            internal("tool-declare-dynamic", tools=json_compact(m.tools, f"messages[{m.index}].tools"))
+            continue
+        if m.role == "tool":
+            attrs: tuple[tuple[str, str], ...] = (
+                (role, "tool"), (n["tool"], m.name or ""), (n["index"], str(m.tool_index)))
+            out.append(Element(msg_tag, attrs, _body(m.parts, images)))
+            out.append(end)
+            continue
+        attrs = ((role, m.role), (n["name"], m.name)) if m.name else ((role, m.role),)
+        if m.role != "assistant":
+            out.append(Element(msg_tag, attrs, _body(m.parts, images)))
+            out.append(end)
+            continue
+        channels: list[Node] = []
+        if o.thinking:
+            channels.append(Element(n["think"], (), (Text(m.reasoning),) if m.reasoning else ()))
+        channels.append(Element(n["response"], (), _body(m.parts, images)))
+        if m.calls:
+            channels.append(Element(n["tools"], (), tuple(
+                _call(d, c, k, m.index) for k, c in enumerate(m.calls, start=1))))
+        out.append(Element(msg_tag, attrs, tuple(channels)))
+        out.append(end)
+    if o.tool_choice is not None:
+        internal(f"tool-choice-{o.tool_choice}")
+    if o.response_format is not None:
+        if o.response_format["type"] == "json_object":
+            internal("response-format-json-object")
+        else:
+            schema = o.response_format["json_schema"]["schema"]
+            internal("response-format-json-schema", schema=json_compact(schema, "response_format"))
+    if o.add_generation_prompt:
+        channel = Element(n["think"] if o.thinking else n["response"], (), (), closed=False)
+        out.append(Element(msg_tag, ((role, "assistant"),), (channel,), closed=False))
+    images.check()
+    return out
+
+
+def _call(d: Dialect, c: Call, k: int, index: int) -> Element:
+    n = d.names
+    attrs = ((n["tool"], c.name), (n["index"], str(k)))
+    if c.args is None:
+        raw = c.raw or ""
+        block = Element(n["json"], ((n["type"], d.json_fallback_type),), (Text(raw),) if raw else ())
+        return Element(n["call"], attrs, (block,))
+    args: list[Node] = []
+    for key, value in c.args:
+        if isinstance(value, str):
+            text = value
+        else:
+            try:
+                text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
+                                   path=f"tool_calls[{k - 1}].function.arguments") from None
+        args.append(Element(n["argument"], ((n["key"], key), (n["type"], value_type(value))),
+                            (Text(text),) if text else ()))
+    return Element(n["call"], attrs, tuple(args))
+
+
+def content_value(parts: list[Part]) -> str | list[dict[str, Any]]:
+    """Content in normal form: a string when there is no image, else parts
+    with adjacent text merged."""
+    if all(isinstance(p, str) for p in parts):
+        return "".join(parts)  # type: ignore[arg-type]
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if isinstance(p, Image):
+            out.append({"type": "image"})
+        elif out and out[-1]["type"] == "text":
+            out[-1]["text"] += p
+        elif p:
+            out.append({"type": "text", "text": p})
+    return out
+
+
+def arguments_json(c: Call) -> str:
+    if c.args is None:
+        return c.raw or ""
+    return json.dumps(dict(c.args), ensure_ascii=False)
+
+
+def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:
+    """What :func:`render_tree` means, as a request: what parse returns."""
+    out_msgs: list[dict[str, Any]] = []
+    for pos, m in enumerate(msgs):
+        if m.tools is not None:
+            out_msgs.append({"role": "system", "content": "", "tools": m.tools})
+            continue
+        if m.role == "tool":
+            tm: dict[str, Any] = {"role": "tool", "name": m.name or ""}
+            if m.call_ref is not None:
+                tm["tool_call_id"] = call_id(*m.call_ref)
+            tm["content"] = content_value(m.parts)
+            out_msgs.append(tm)
+            continue
+        msg: dict[str, Any] = {"role": m.role}
+        if m.name:
+            msg["name"] = m.name
+        msg["content"] = content_value(m.parts)
+        if m.role == "assistant":
+            if m.reasoning:
+                msg["reasoning_content"] = m.reasoning
+            if m.calls:
+                msg["tool_calls"] = [
+                    {"id": call_id(pos, k), "type": "function",
+                     "function": {"name": c.name, "arguments": arguments_json(c)}}
+                    for k, c in enumerate(m.calls, start=1)
+                ]
+        out_msgs.append(msg)
+    req: dict[str, Any] = {"messages": out_msgs}
+    if o.tools:
+        req["tools"] = o.tools
+    req["thinking"] = o.thinking
+    if o.thinking:
+        req["thinking_effort"] = o.effort
+    if o.tool_choice is not None:
+        req["tool_choice"] = o.tool_choice
+    if o.response_format is not None:
+        req["response_format"] = o.response_format
+    req["add_generation_prompt"] = o.add_generation_prompt
+    if o.image_prompts:
+        req["image_prompts"] = list(o.image_prompts)
+    return req

@@ -1,0 +1,454 @@
+"""Chat requests in, checked and resolved: the input side of the chat layer.
+
+A request is what users already have: an OpenAI-style chat-completions body
+(``messages``, ``tools`` and options as top-level keys) or a bare list of
+messages. :func:`prepare` checks it against a dialect and resolves everything
+that rendering and the normal form both need: option defaults, role aliases,
+tool-result order and names, argument typing. Errors name the message index
+and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MessageError, OptionError, RequestError
+from .dialect import Dialect
+
+OPTION_NAMES = (
+    "tools",
+    "thinking",
+    "enable_thinking",
+    "thinking_effort",
+    "reasoning_effort",
+    "tool_choice",
+    "response_format",
+    "add_generation_prompt",
+    "image_prompts",
+)
+
+# Keys of a chat-completions body that concern sampling or the API, not the
+# prompt. They are accepted and have no effect on rendering.
+API_KEYS = frozenset({
+    "model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "stream",
+    "stream_options", "n", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "logprobs", "top_logprobs", "logit_bias", "user", "metadata", "parallel_tool_calls", "service_tier",
+    "store", "modalities", "prediction", "audio", "web_search_options", "extra_body",
+})
+
+MESSAGE_KEYS = frozenset({
+    "role", "content", "name", "reasoning_content", "reasoning", "thinking", "tool_calls", "tool_call_id",
+    "tool", "tools", "id",
+})
+# Fields of assistant messages returned by APIs that carry nothing the prompt
+# shows; accepted when empty so responses can be sent back as history.
+EMPTY_OK_KEYS = frozenset({"refusal", "annotations", "audio", "function_call"})
+
+
+@dataclass(slots=True)
+class Image:
+    """An image part; ``prompt`` is the processor-made prompt, if given."""
+
+    prompt: str | None = None
+
+
+Part = str | Image
+
+
+@dataclass(slots=True)
+class Call:
+    name: str
+    args: list[tuple[str, Any]] | None
+    """Typed arguments in order, or None when ``raw`` holds a non-JSON string."""
+    raw: str | None = None
+
+
+@dataclass(slots=True)
+class Msg:
+    role: str
+    index: int
+    """Position in the request's ``messages``."""
+    name: str | None = None
+    parts: list[Part] = field(default_factory=list)
+    reasoning: str = ""
+    calls: list[Call] = field(default_factory=list)
+    tools: list[Any] | None = None
+    tool_index: int = 0
+    call_ref: tuple[int, int] | None = None
+    """(position of the assistant message in the output, call index) of the
+    call a tool message answers, when there is one at its position."""
+    call_id: str | None = None
+    """A tool message's ``tool_call_id`` as given."""
+    known_calls: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """For a tool message: call id → (index, name) of the latest assistant's calls."""
+
+
+@dataclass(slots=True)
+class Options:
+    thinking: bool
+    effort: str
+    tool_choice: str | None
+    response_format: dict[str, Any] | None
+    add_generation_prompt: bool
+    image_prompts: list[str] | None
+    tools: list[Any] | None
+
+
+def deep_sort(obj: Any, where: str = "tools") -> Any:
+    """Dicts with keys sorted, recursively (how K3 serialises schemas)."""
+    if isinstance(obj, Mapping):
+        try:
+            items = sorted(obj.items())
+        except TypeError:
+            raise RequestError("JSON object keys must be strings", location=where) from None
+        return {k: deep_sort(v, where) for k, v in items}
+    if isinstance(obj, list | tuple):
+        return [deep_sort(v, where) for v in obj]
+    return obj
+
+
+def json_compact(value: Any, where: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
+
+
+def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Messages and options from a request body or a bare message list."""
+    opts: dict[str, Any] = {}
+    if isinstance(request, list | tuple):
+        messages = list(request)
+    elif isinstance(request, Mapping):
+        if "messages" not in request:
+            raise RequestError("a request needs 'messages' (or pass a bare list of messages)")
+        messages = request["messages"]
+        if not isinstance(messages, list | tuple):
+            raise RequestError("'messages' must be a list", location="messages")
+        messages = list(messages)
+        for k, v in request.items():
+            if k == "messages" or k in API_KEYS:
+                continue
+            if k == "chat_template_kwargs":
+                if not isinstance(v, Mapping):
+                    raise RequestError("'chat_template_kwargs' must be an object", location=k)
+                for kk, vv in v.items():
+                    if kk not in OPTION_NAMES:
+                        raise OptionError(f"unknown option {kk!r}", option=kk)
+                    opts[kk] = vv
+                continue
+            if k not in OPTION_NAMES:
+                raise RequestError(f"unknown request key {k!r}", location=k)
+            opts[k] = v
+    else:
+        raise RequestError(f"a request is an object with 'messages' or a list of messages, "
+                           f"not {type(request).__name__}")
+    for k, v in options.items():
+        if k not in OPTION_NAMES:
+            raise OptionError(f"unknown option {k!r} (known: {', '.join(OPTION_NAMES)})", option=k)
+        opts[k] = v
+    return messages, opts
+
+
+def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
+    thinking = d.thinking_default
+    for key in ("enable_thinking", "thinking"):
+        if opts.get(key) is not None:
+            v = opts[key]
+            if not isinstance(v, bool):
+                raise OptionError(f"{key} must be true or false", option=key)
+            thinking = v
+    effort = d.default_effort
+    for key in ("reasoning_effort", "thinking_effort"):
+        v = opts.get(key)
+        if v is None:
+            continue
+        if key == "reasoning_effort" and v in d.thinking_off:
+            if opts.get("thinking") is True or opts.get("enable_thinking") is True:
+                raise OptionError(f"reasoning_effort={v!r} switches thinking off, but thinking is on",
+                                  option=key)
+            thinking = False
+            continue
+        if v not in d.efforts:
+            extra = f" (or {', '.join(d.thinking_off)} to switch thinking off)" if key == "reasoning_effort" \
+                else ""
+            raise OptionError(f"{key} must be one of {', '.join(d.efforts)}{extra}, not {v!r}", option=key)
+        effort = v
+    tc = opts.get("tool_choice")
+    if tc is not None and tc not in ("auto", "none", "required"):
+        raise OptionError(
+            "tool_choice must be 'auto', 'none' or 'required'; this format has no way to name one tool",
+            option="tool_choice",
+        )
+    rf = _response_format(opts.get("response_format"))
+    agp = opts.get("add_generation_prompt", True)
+    if not isinstance(agp, bool):
+        raise OptionError("add_generation_prompt must be true or false", option="add_generation_prompt")
+    prompts = opts.get("image_prompts")
+    if prompts is not None:
+        if not isinstance(prompts, list | tuple):
+            raise OptionError("image_prompts must be a list of strings", option="image_prompts")
+        prompts = list(prompts)
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str) or not d.image_prompt.match(p):
+                raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {p!r}",
+                                  option="image_prompts")
+    tools = opts.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list | tuple):
+            raise OptionError("tools must be a list of tool schemas", option="tools")
+        tools = deep_sort(list(tools)) if tools else None
+    return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools)
+
+
+def _response_format(rf: Any) -> dict[str, Any] | None:
+    if rf is None:
+        return None
+    if not isinstance(rf, Mapping):
+        raise OptionError("response_format must be an object with a 'type'", option="response_format")
+    t = rf.get("type")
+    if t == "text":
+        return None
+    if t == "json_object":
+        return {"type": "json_object"}
+    if t == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, Mapping):
+            raise OptionError("response_format json_schema needs a 'json_schema' object",
+                              option="response_format")
+        schema = js.get("schema", js.get("json_schema", js))
+        return {"type": "json_schema", "json_schema": {"schema": deep_sort(schema, "response_format")}}
+    raise OptionError(f"response_format type must be text, json_object or json_schema, not {t!r}",
+                      option="response_format")
+
+
+def value_type(value: Any) -> str:
+    """The XTML type of an argument value."""
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    return "array"
+
+
+def _arguments(raw: Any, i: int, path: str) -> tuple[list[tuple[str, Any]] | None, str | None]:
+    if raw is None:
+        return [], None
+    if isinstance(raw, Mapping):
+        parsed: Any = raw
+    elif isinstance(raw, str):
+        if not raw.strip():
+            return [], None
+        try:
+            parsed = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError):
+            return None, raw
+        if not isinstance(parsed, dict):
+            raise MessageError("tool call arguments must be a JSON object", index=i, path=path)
+    else:
+        raise MessageError("tool call arguments must be a dict or a JSON object string", index=i, path=path)
+    out: list[tuple[str, Any]] = []
+    for k, v in parsed.items():
+        if not isinstance(k, str):
+            raise MessageError(f"argument names must be strings, not {k!r}", index=i, path=path)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=path)
+        out.append((k, v))
+    return out, None
+
+
+def _text_of(x: Any, i: int, path: str) -> str:
+    if not isinstance(x, str):
+        raise MessageError(f"expected a string, not {type(x).__name__}", index=i, path=path)
+    return x
+
+
+def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
+    """Content as text and image parts. With image prompts given, a
+    placeholder literal in text marks an image too (as the model's processor
+    reads it)."""
+    parts: list[Part] = []
+
+    def add_text(s: str) -> None:
+        if not s:
+            return
+        if split_marks and d.image_placeholder in s:
+            pieces = s.split(d.image_placeholder)
+            for j, piece in enumerate(pieces):
+                if piece:
+                    parts.append(piece)
+                if j < len(pieces) - 1:
+                    parts.append(Image())
+        else:
+            parts.append(s)
+
+    if content is None:
+        return parts
+    if isinstance(content, str):
+        add_text(content)
+        return parts
+    if not isinstance(content, list | tuple):
+        raise MessageError(f"content must be a string or a list of parts, not {type(content).__name__}",
+                           index=i, path="content")
+    for j, part in enumerate(content):
+        where = f"content[{j}]"
+        if isinstance(part, str):
+            add_text(part)
+            continue
+        if not isinstance(part, Mapping):
+            raise MessageError("a content part must be an object", index=i, path=where)
+        t = part.get("type")
+        if t in d.image_part_types:
+            parts.append(Image())
+        elif t == "text":
+            if "text" not in part:
+                raise MessageError("a text part needs 'text'", index=i, path=where)
+            add_text(_text_of(part["text"], i, f"{where}.text"))
+        else:
+            raise MessageError(
+                f"content part type {t!r} is not supported by this template "
+                f"(supported: text, {', '.join(d.image_part_types)})",
+                index=i, path=where)
+    return parts
+
+
+def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Options, list[Msg]]:
+    """Check a request and resolve it into messages ready to render."""
+    raw_messages, opts = split_request(request, options)
+    o = resolve_options(d, opts)
+    split_marks = o.image_prompts is not None
+    msgs: list[Msg] = []
+    call_ids: dict[str, tuple[int, str]] = {}
+    for i, m in enumerate(raw_messages):
+        if not isinstance(m, Mapping):
+            raise MessageError(f"a message must be an object, not {type(m).__name__}", index=i)
+        for k, v in m.items():
+            if k in MESSAGE_KEYS:
+                continue
+            if k in EMPTY_OK_KEYS and not v:
+                continue
+            if k in EMPTY_OK_KEYS:
+                raise MessageError(f"field {k!r} cannot be rendered by this template", index=i, path=k)
+            raise MessageError(f"unknown message field {k!r}", index=i, path=k)
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise MessageError("a message needs a 'role' string", index=i, path="role")
+        role = d.role_aliases.get(role, role)
+        if role not in d.roles:
+            raise MessageError(f"role {m.get('role')!r} is not one of {', '.join(d.roles)}", index=i, path="role")
+        msg = Msg(role, i)
+        name = m.get("name")
+        if name is not None and role != "tool":
+            if not isinstance(name, str):
+                raise MessageError("name must be a string", index=i, path="name")
+            msg.name = name or None
+        if m.get("tool_calls") and role != "assistant":
+            raise MessageError("only assistant messages carry tool_calls", index=i, path="tool_calls")
+        if role == "system" and m.get("tools"):
+            tools = m["tools"]
+            if not isinstance(tools, list | tuple):
+                raise MessageError("tools must be a list of tool schemas", index=i, path="tools")
+            if _content(d, m.get("content"), i, False):
+                raise MessageError("a system message that declares tools renders only the declaration; "
+                                   "move its content to a message of its own", index=i, path="content")
+            msg.tools = deep_sort(list(tools), f"messages[{i}].tools")
+            msgs.append(msg)
+            continue
+        msg.parts = _content(d, m.get("content"), i, split_marks)
+        if role == "assistant":
+            reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
+            if reasoning is not None and not isinstance(reasoning, str):
+                raise MessageError("reasoning must be a string", index=i, path="reasoning_content")
+            if reasoning and reasoning.strip() and o.thinking:
+                msg.reasoning = reasoning
+            calls = m.get("tool_calls") or []
+            if not isinstance(calls, list | tuple):
+                raise MessageError("tool_calls must be a list", index=i, path="tool_calls")
+            call_ids = {}
+            for j, c in enumerate(calls):
+                where = f"tool_calls[{j}]"
+                if not isinstance(c, Mapping):
+                    raise MessageError("a tool call must be an object", index=i, path=where)
+                fn = c.get("function", c)
+                if not isinstance(fn, Mapping):
+                    raise MessageError("function must be an object", index=i, path=f"{where}.function")
+                fname = fn.get("name")
+                if not isinstance(fname, str) or not fname:
+                    raise MessageError("a tool call needs a function name", index=i, path=f"{where}.function.name")
+                args, raw = _arguments(fn.get("arguments"), i, f"{where}.function.arguments")
+                msg.calls.append(Call(fname, args, raw))
+                cid = c.get("id")
+                if cid is not None:
+                    call_ids.setdefault(str(cid), (j + 1, fname))
+        elif role == "tool":
+            tool = m.get("tool", m.get("name"))
+            if tool is not None and not isinstance(tool, str):
+                raise MessageError("the tool name must be a string", index=i, path="tool")
+            msg.name = tool
+            cid = m.get("tool_call_id", m.get("id"))
+            msg.call_id = None if cid is None else str(cid)
+            msg.known_calls = call_ids
+        msgs.append(msg)
+    return o, resolve_tool_results(msgs)
+
+
+def resolve_tool_results(msgs: list[Msg]) -> list[Msg]:
+    """Order each run of tool results as the calls they answer, and give each
+    its index and tool name.
+
+    A run whose every message names a call of the latest assistant message (by
+    ``tool_call_id``) is sorted into call order, stably, and the call's name
+    wins; otherwise the run keeps its order. Then each tool message gets its
+    1-based position after the latest assistant message, and a missing name is
+    taken from the call at that position.
+    """
+    ordered: list[Msg] = []
+    i = 0
+    while i < len(msgs):
+        if msgs[i].role != "tool":
+            ordered.append(msgs[i])
+            i += 1
+            continue
+        run: list[Msg] = []
+        while i < len(msgs) and msgs[i].role == "tool":
+            run.append(msgs[i])
+            i += 1
+        targets = [m.known_calls.get(m.call_id) if m.call_id is not None else None for m in run]
+        if all(t is not None for t in targets):
+            keyed = []
+            for m, t in zip(run, targets):
+                assert t is not None
+                m.name = t[1]
+                keyed.append((t[0], m))
+            keyed.sort(key=lambda x: x[0])
+            run = [m for _, m in keyed]
+        ordered.extend(run)
+    prior: Msg | None = None
+    prior_pos = 0
+    count = 0
+    for pos, m in enumerate(ordered):
+        if m.role == "assistant":
+            prior, prior_pos, count = m, pos, 0
+        elif m.role == "tool":
+            count += 1
+            m.tool_index = count
+            has_call = prior is not None and count <= len(prior.calls)
+            if m.name is None and has_call:
+                assert prior is not None
+                m.name = prior.calls[count - 1].name
+            if m.name is None:
+                raise MessageError("tool message needs a resolvable tool name: give 'tool_call_id', "
+                                   "'name' or 'tool'", index=m.index, path="name")
+            if has_call:
+                m.call_ref = (prior_pos, count)
+    return ordered

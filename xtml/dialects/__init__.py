@@ -1,0 +1,1 @@
+"""Built-in dialect files (templates as data)."""

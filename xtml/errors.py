@@ -1,0 +1,107 @@
+"""The one error family of xtml.
+
+Every bad input ends in a subclass of :class:`XtmlError` whose message names
+where the problem is: a message index, an element path, a token offset or a
+line and column. Nothing else is meant to escape the public API.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "XtmlError",
+    "RequestError",
+    "OptionError",
+    "MessageError",
+    "MarkupError",
+    "ParseError",
+    "TokenizerError",
+    "TemplateError",
+]
+
+
+class XtmlError(ValueError):
+    """Base class of every error xtml raises on bad input.
+
+    Subclasses ``ValueError`` so that code catching the standard error for bad
+    values keeps working.
+    """
+
+    def __init__(self, msg: str, *, location: str | None = None) -> None:
+        self.msg = msg
+        self.location = location
+        super().__init__(f"{msg} (at {location})" if location else msg)
+
+
+class RequestError(XtmlError):
+    """The request as a whole is malformed (wrong type, missing ``messages``)."""
+
+
+class OptionError(RequestError):
+    """A render option has a value the template does not support."""
+
+    def __init__(self, msg: str, *, option: str) -> None:
+        self.option = option
+        super().__init__(msg, location=f"option {option!r}")
+
+
+class MessageError(RequestError):
+    """A message (or a part of one) cannot be rendered.
+
+    ``index`` is the position of the message in the request's ``messages`` and
+    ``path`` the field inside it, e.g. ``tool_calls[0].function.arguments``.
+    """
+
+    def __init__(self, msg: str, *, index: int, path: str = "") -> None:
+        self.index = index
+        self.path = path
+        where = f"messages[{index}]" + (f".{path}" if path else "")
+        super().__init__(msg, location=where)
+
+
+class MarkupError(XtmlError):
+    """A markup tree breaks a rule of the language (a bad tag name, say).
+
+    ``path`` names the element, e.g. ``message[3]/tools/call[1]``.
+    """
+
+    def __init__(self, msg: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(msg, location=path or None)
+
+
+class ParseError(XtmlError):
+    """Token ids or text that are not well-formed XTML, or not of the dialect.
+
+    For ids, ``offset`` is the index of the offending token; for text,
+    ``line`` and ``column`` (1-based) locate it and ``offset`` is the character
+    index.
+    """
+
+    def __init__(
+        self,
+        msg: str,
+        *,
+        offset: int,
+        line: int | None = None,
+        column: int | None = None,
+        path: str = "",
+    ) -> None:
+        self.offset = offset
+        self.line = line
+        self.column = column
+        self.path = path
+        if line is not None:
+            where = f"line {line}, column {column}"
+        else:
+            where = f"token {offset}"
+        if path:
+            where += f", in {path}"
+        super().__init__(msg, location=where)
+
+
+class TokenizerError(XtmlError):
+    """A tokenizer cannot be loaded or does not fit the template's markers."""
+
+
+class TemplateError(XtmlError):
+    """A template (dialect) file is invalid."""

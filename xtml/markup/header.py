@@ -1,0 +1,56 @@
+"""Tag headers: the text between OPEN/CLOSE and SEP.
+
+``grammar/xtml.lark`` defines the syntax (rule ``header``); this module is the
+fast equivalent used on the hot path, and the tests check the two agree.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME_RE = r"[A-Za-z_][A-Za-z0-9_.:-]*"
+_NAME = re.compile(NAME_RE + r"\Z")
+_HEADER = re.compile(rf"({NAME_RE})((?: {NAME_RE}=\"(?:[^\"&]|&amp;|&quot;)*\")*)\Z")
+_ATTR = re.compile(rf" ({NAME_RE})=\"([^\"]*)\"")
+_ENTITY = re.compile(r"&(amp|quot);")
+
+Header = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def is_name(s: str) -> bool:
+    """Whether ``s`` is a valid tag name or attribute key."""
+    return _NAME.match(s) is not None
+
+
+def escape(value: str) -> str:
+    """Escape an attribute value: ``&`` first, then ``"``; nothing else."""
+    return value.replace("&", "&amp;").replace('"', "&quot;")
+
+
+def _unescape_match(m: re.Match[str]) -> str:
+    return "&" if m.group(1) == "amp" else '"'
+
+
+def unescape(value: str) -> str:
+    """Invert :func:`escape` in one left-to-right pass."""
+    if "&" not in value:
+        return value
+    return _ENTITY.sub(_unescape_match, value)
+
+
+def parse_header(text: str) -> Header | None:
+    """``tag k="v" ...`` → ``(tag, ((k, v), ...))``, or None if malformed."""
+    m = _HEADER.match(text)
+    if m is None:
+        return None
+    rest = m.group(2)
+    attrs = tuple((k, unescape(v)) for k, v in _ATTR.findall(rest)) if rest else ()
+    return m.group(1), attrs
+
+
+def salvage_header(text: str) -> Header:
+    """Best effort for a malformed header: a name up to the first space and
+    every well-formed attribute after it. Used only by lenient parses."""
+    name, _, rest = text.strip().partition(" ")
+    attrs = tuple((k, unescape(v)) for k, v in _ATTR.findall(" " + rest))
+    return name, attrs

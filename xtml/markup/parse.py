@@ -1,0 +1,353 @@
+"""Ids or text → markup tree.
+
+Two lexers feed one driver:
+
+* :func:`lex_ids` turns marker ids into their terminals and each run of
+  ordinary ids into one TEXT lexeme (offsets are token indexes);
+* :func:`lex_text` splits text on marker strings (offsets are character
+  indexes). Text form is ambiguous where body text holds a marker literal;
+  ids are not.
+
+The driver (:func:`build`) is a small state machine equal to the ``document``
+rule of ``grammar/xtml.lark`` (``tests/test_grammar.py`` checks the two agree
+on random input), with a lenient mode that repairs model output and reports
+what it repaired. :mod:`xtml.markup.grammar` runs the grammar itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import ParseError
+from .header import parse_header, salvage_header
+from .markers import (
+    CLOSE,
+    EMBED_BEGIN,
+    EMBED_END,
+    EMBED_INNER,
+    EMBED_MARK,
+    END,
+    OPEN,
+    SEP,
+    TEXT,
+    Markers,
+)
+from .nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
+
+# Deeper nesting than this is refused: no XTML dialect needs it, and it keeps
+# every later recursive walk of the tree far from Python's recursion limit.
+MAX_DEPTH = 64
+
+_LABEL = {
+    OPEN: "open marker",
+    CLOSE: "close marker",
+    SEP: "separator marker",
+    END: "end-of-message marker",
+    EMBED_BEGIN: "embed-begin marker",
+    EMBED_INNER: "embed marker",
+    EMBED_END: "embed-end marker",
+    EMBED_MARK: "embed marker",
+    TEXT: "text",
+}
+
+
+@dataclass(slots=True)
+class Lexemes:
+    """Parallel lists: terminal kind, text (decoded, or the marker string), offset."""
+
+    kinds: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    end: int = 0
+    """Offset just past the input."""
+
+
+def lex_text(text: str, markers: Markers) -> Lexemes:
+    """Split the text form on marker strings."""
+    kinds = markers.kinds()
+    out = Lexemes(end=len(text))
+    pos = 0
+    for m in markers.splitter().finditer(text):
+        if m.start() > pos:
+            out.kinds.append(TEXT)
+            out.texts.append(text[pos : m.start()])
+            out.offsets.append(pos)
+        out.kinds.append(kinds[m.group()])
+        out.texts.append(m.group())
+        out.offsets.append(m.start())
+        pos = m.end()
+    if pos < len(text):
+        out.kinds.append(TEXT)
+        out.texts.append(text[pos:])
+        out.offsets.append(pos)
+    return out
+
+
+def lex_ids(
+    ids: Sequence[int],
+    marker_kinds: dict[int, tuple[str, str]],
+    decode_batch: Callable[[list[list[int]]], list[str]],
+    header_cache: dict[tuple[int, ...], str] | None = None,
+) -> Lexemes:
+    """Lex token ids: ``marker_kinds`` maps a marker id to (terminal, string).
+
+    Runs of ordinary ids are decoded in one batch; runs that are tag headers
+    (right after OPEN or CLOSE) recur constantly and go through
+    ``header_cache``.
+    """
+    out = Lexemes(end=len(ids))
+    kinds, texts, offsets = out.kinds, out.texts, out.offsets
+    pending: list[list[int]] = []
+    pending_at: list[int] = []
+    pending_keys: list[tuple[int, ...] | None] = []
+    start = 0
+    get = marker_kinds.get
+    n = len(ids)
+    for i in range(n):
+        mk = get(ids[i])
+        if mk is None:
+            continue
+        if i > start:
+            _text_run(ids, start, i, kinds, texts, offsets, pending, pending_at, pending_keys, header_cache)
+        kinds.append(mk[0])
+        texts.append(mk[1])
+        offsets.append(i)
+        start = i + 1
+    if n > start:
+        _text_run(ids, start, n, kinds, texts, offsets, pending, pending_at, pending_keys, header_cache)
+    if pending:
+        for at, key, s in zip(pending_at, pending_keys, decode_batch(pending)):
+            texts[at] = s
+            if key is not None and header_cache is not None:
+                header_cache[key] = s
+    return out
+
+
+def _text_run(
+    ids: Sequence[int],
+    a: int,
+    b: int,
+    kinds: list[str],
+    texts: list[str],
+    offsets: list[int],
+    pending: list[list[int]],
+    pending_at: list[int],
+    pending_keys: list[tuple[int, ...] | None],
+    header_cache: dict[tuple[int, ...], str] | None,
+) -> None:
+    run = list(ids[a:b])
+    key: tuple[int, ...] | None = None
+    if header_cache is not None and kinds and kinds[-1] in (OPEN, CLOSE):
+        key = tuple(run)
+        hit = header_cache.get(key)
+        if hit is not None:
+            kinds.append(TEXT)
+            texts.append(hit)
+            offsets.append(a)
+            return
+    kinds.append(TEXT)
+    texts.append("")
+    offsets.append(a)
+    pending.append(run)
+    pending_at.append(len(texts) - 1)
+    pending_keys.append(key)
+
+
+class _Open:
+    __slots__ = ("tag", "attrs", "children", "offset")
+
+    def __init__(self, tag: str, attrs: tuple[tuple[str, str], ...], offset: int) -> None:
+        self.tag = tag
+        self.attrs = attrs
+        self.children: list[Node] = []
+        self.offset = offset
+
+
+def _path(stack: list[_Open]) -> str:
+    return "/".join(o.tag for o in stack)
+
+
+def build(
+    lx: Lexemes,
+    *,
+    lenient: bool = False,
+    line_of: Callable[[int], tuple[int, int]] | None = None,
+    max_depth: int = MAX_DEPTH,
+) -> Document:
+    """Run the document grammar over lexemes and build the tree.
+
+    Strict mode raises :class:`ParseError` at the first token the grammar does
+    not allow. Lenient mode never raises; every repair becomes a
+    :class:`Diagnostic` (see spec.md, "Recovery").
+    """
+    kinds, texts, offsets = lx.kinds, lx.texts, lx.offsets
+    n = len(kinds)
+    top: list[Node] = []
+    stack: list[_Open] = []
+    diags: list[Diagnostic] = []
+    need_end = False
+
+    def fail(i: int, msg: str, kind: str) -> None:
+        off = offsets[i] if i < n else lx.end
+        if not lenient:
+            if line_of is not None:
+                line, col = line_of(off)
+                raise ParseError(msg, offset=off, line=line, column=col, path=_path(stack))
+            raise ParseError(msg, offset=off, path=_path(stack))
+        diags.append(Diagnostic(kind, off, msg))
+
+    def found(i: int) -> str:
+        if i >= n:
+            return "end of input"
+        if kinds[i] == TEXT:
+            snippet = texts[i] if len(texts[i]) <= 40 else texts[i][:37] + "..."
+            return f"text {snippet!r}"
+        return f"{_LABEL[kinds[i]]} {texts[i]!r}"
+
+    def attach(node: Node) -> None:
+        if stack:
+            stack[-1].children.append(node)
+        else:
+            top.append(node)
+
+    i = 0
+    while i < n:
+        k = kinds[i]
+        if need_end and k != END:
+            fail(i, f"expected the end-of-message marker after a top-level element, found {found(i)}",
+                 "missing-end")
+            need_end = False
+        if k == OPEN or k == CLOSE:
+            if i + 1 >= n or (kinds[i + 1] == TEXT and i + 2 >= n):
+                # Input ends inside the tag.
+                fail(i, f"the tag starting here is cut off ({found(i + 1)})", "truncated")
+                i = n
+                break
+            if kinds[i + 1] != TEXT:
+                fail(i + 1, f"expected a tag name after the {_LABEL[k]}, found {found(i + 1)}",
+                     "bad-tag")
+                i += 1
+                continue
+            if kinds[i + 2] != SEP:
+                fail(i + 2, f"expected the separator marker after the tag, found {found(i + 2)}",
+                     "bad-tag")
+                i += 2
+                continue
+            htext = texts[i + 1]
+            hdr = parse_header(htext)
+            if hdr is None:
+                fail(i + 1, f"malformed tag header {htext!r}", "bad-header")
+                hdr = salvage_header(htext)
+                if not hdr[0]:
+                    i += 3
+                    continue
+            tag, attrs = hdr
+            if k == OPEN:
+                if len(stack) >= max_depth:
+                    # Even lenient parses refuse this: depth is a resource limit.
+                    raise ParseError(
+                        f"elements nested deeper than {max_depth}", offset=offsets[i], path=_path(stack)
+                    )
+                stack.append(_Open(tag, attrs, offsets[i]))
+            else:
+                if attrs:
+                    fail(i + 1, f"a close tag carries no attributes, found {htext!r}", "bad-header")
+                if not stack:
+                    fail(i, f"close tag {tag!r} has no open element", "stray-close")
+                elif stack[-1].tag != tag:
+                    depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d].tag == tag), -1)
+                    fail(i, f"close tag {tag!r} does not match open element {stack[-1].tag!r}",
+                         "mismatched-close")
+                    if depth >= 0:
+                        while len(stack) > depth + 1:
+                            o = stack.pop()
+                            diags.append(Diagnostic("unclosed", o.offset,
+                                                    f"element {o.tag!r} was never closed"))
+                            attach(Element(o.tag, o.attrs, tuple(o.children), closed=False, offset=o.offset))
+                        o = stack.pop()
+                        attach(Element(o.tag, o.attrs, tuple(o.children), offset=o.offset))
+                        need_end = not stack
+                else:
+                    o = stack.pop()
+                    attach(Element(o.tag, o.attrs, tuple(o.children), offset=o.offset))
+                    need_end = not stack
+            i += 3
+            continue
+        if k == END:
+            if stack:
+                fail(i, f"end-of-message marker inside element {stack[-1].tag!r}", "early-end")
+                while stack:
+                    o = stack.pop()
+                    diags.append(Diagnostic("unclosed", o.offset, f"element {o.tag!r} was never closed"))
+                    attach(Element(o.tag, o.attrs, tuple(o.children), closed=False, offset=o.offset))
+                top.append(EndOfMessage())
+            elif not need_end:
+                fail(i, "end-of-message marker with no message before it", "stray-end")
+            else:
+                top.append(EndOfMessage())
+                need_end = False
+            i += 1
+            continue
+        if k == TEXT:
+            if not stack:
+                fail(i, f"text outside any element: {found(i)}", "stray-text")
+                top.append(Text(texts[i]))
+            else:
+                stack[-1].children.append(Text(texts[i]))
+            i += 1
+            continue
+        if k == EMBED_MARK:
+            if not stack:
+                fail(i, f"embed outside any element: {found(i)}", "stray-text")
+            attach(Embed(texts[i]))
+            i += 1
+            continue
+        if k == EMBED_BEGIN:
+            if not stack:
+                fail(i, f"embed outside any element: {found(i)}", "stray-text")
+            parts = [texts[i]]
+            j = i + 1
+            while j < n and kinds[j] in (TEXT, EMBED_INNER):
+                parts.append(texts[j])
+                j += 1
+            if j < n and kinds[j] == EMBED_END:
+                parts.append(texts[j])
+                j += 1
+            else:
+                fail(j, f"embed not closed by an embed-end marker, found {found(j)}", "unterminated-embed")
+            attach(Embed("".join(parts)))
+            i = j
+            continue
+        # SEP, EMBED_INNER or EMBED_END where none may stand.
+        fail(i, f"unexpected {found(i)}", "stray-marker")
+        if lenient and stack:
+            stack[-1].children.append(Text(texts[i]))
+        i += 1
+
+    if need_end:
+        fail(n, "expected the end-of-message marker, found end of input", "missing-end")
+    if stack:
+        # A trailing chain of empty open tags is the generation prompt.
+        tail = all(not o.children for o in stack[:-1]) and not stack[-1].children
+        if not tail:
+            fail(n, f"element {stack[-1].tag!r} is not closed at end of input", "truncated")
+        node: Element | None = None
+        while stack:
+            o = stack.pop()
+            children = tuple(o.children) + ((node,) if node is not None else ())
+            node = Element(o.tag, o.attrs, children, closed=False, offset=o.offset)
+        assert node is not None
+        top.append(node)
+    return Document(tuple(top), tuple(diags))
+
+
+def line_col(text: str) -> Callable[[int], tuple[int, int]]:
+    """A function from character offset to 1-based (line, column) in ``text``."""
+
+    def at(off: int) -> tuple[int, int]:
+        line = text.count("\n", 0, off) + 1
+        col = off - (text.rfind("\n", 0, off) + 1) + 1
+        return line, col
+
+    return at

@@ -1,0 +1,325 @@
+"""Segments ↔ token ids for a concrete tokenizer.
+
+:class:`Vocabulary` wraps a Hugging Face ``tokenizers.Tokenizer`` (loaded from
+a ``tokenizer.json`` file or a model folder; never from the network) and
+encodes ordinary text so that it can never turn into a special id: literal
+``<|open|>`` in user text stays plain text. :class:`Binding` joins a
+vocabulary to a template's markers, checks that every marker is exactly one
+special id, and turns markup into ids and back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .errors import ParseError, TokenizerError
+from .markup.markers import CLOSE, EMBED_MARK, OPEN, TEXT, Markers
+from .markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
+from .markup.parse import Lexemes, lex_ids
+from .markup.segments import Segment, close_tag, open_tag
+
+__all__ = ["Binding", "Vocabulary", "load_tokenizer"]
+
+# Constant pieces (headers, template prose) are cached per binding; the cap
+# keeps a long-running server's memory bounded whatever its traffic.
+_CACHE_LIMIT = 65536
+
+
+class Vocabulary:
+    """A tokenizer, used injection-safely.
+
+    ``encode_texts`` treats every string as ordinary text (special-token
+    literals included); marker ids only ever come from :class:`Binding`.
+    """
+
+    def __init__(self, tokenizer: Any, source: str = "<tokenizer>") -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:  # pragma: no cover - a declared dependency
+            raise TokenizerError("the 'tokenizers' package is required") from e
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError("expected a tokenizers.Tokenizer; use xtml.load_tokenizer(path) for files")
+        # A private copy: the flag below changes how the instance encodes, and
+        # the caller's tokenizer must keep behaving as they set it up.
+        self._tok = Tokenizer.from_str(tokenizer.to_str())
+        self._tok.encode_special_tokens = True
+        self.source = source
+        self._added = {
+            t.content: (i, bool(t.special)) for i, t in self._tok.get_added_tokens_decoder().items()
+        }
+
+    @property
+    def size(self) -> int:
+        """Number of ids, added tokens included."""
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def special_id(self, text: str) -> int | None:
+        """The id of the special token spelled ``text``, if there is one."""
+        hit = self._added.get(text)
+        return hit[0] if hit is not None and hit[1] else None
+
+    def added_id(self, text: str) -> tuple[int, bool] | None:
+        """(id, is_special) of an added token spelled ``text``."""
+        return self._added.get(text)
+
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text encoded on its own as ordinary text."""
+        if not texts:
+            return []
+        encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids for e in encs]
+
+    def decode_batch(self, runs: list[list[int]]) -> list[str]:
+        """Each run of ordinary ids decoded on its own."""
+        return list(self._tok.decode_batch(runs, skip_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=False))
+
+    def id_to_token(self, i: int) -> str | None:
+        t = self._tok.id_to_token(i)
+        return None if t is None else str(t)
+
+    def with_special_tokens(self, tokens: Iterable[str]) -> Vocabulary:
+        """A copy with ``tokens`` added as special tokens (for fine-tuning a
+        base model on XTML: the new ids need training)."""
+        from tokenizers import AddedToken, Tokenizer
+
+        tok = Tokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = False
+        missing = [t for t in tokens if self.special_id(t) is None]
+        if missing:
+            tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+        return Vocabulary(tok, self.source)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer`` (encodes literals as text)."""
+        return self._tok
+
+
+def load_tokenizer(path: str | os.PathLike[str], *, add_special_tokens: Iterable[str] = ()) -> Vocabulary:
+    """Load a ``tokenizer.json`` (a file, or a folder holding one).
+
+    ``add_special_tokens`` adds markers the vocabulary lacks, as special
+    tokens: use it to fine-tune a base model on XTML, never to serve a model
+    that was trained with other ids.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise TokenizerError(f"no tokenizer.json at {str(path)!r}")
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(p))
+    except Exception as e:  # tokenizers raises plain Exception subclasses
+        raise TokenizerError(f"cannot load tokenizer {str(p)!r}: {e}") from None
+    vocab = Vocabulary(tok, str(p))
+    extra = list(add_special_tokens)
+    return vocab.with_special_tokens(extra) if extra else vocab
+
+
+class Binding:
+    """A vocabulary bound to a template's markers.
+
+    Every marker must be exactly one special id of the vocabulary (optional
+    markers may instead be spelled as text, as some vocabularies do).
+    """
+
+    def __init__(self, markers: Markers, vocab: Vocabulary) -> None:
+        self.markers = markers
+        self.vocab = vocab
+        self.marker_ids: dict[str, int] = {}
+        problems: list[str] = []
+        for s, kind in markers.kinds().items():
+            sid = vocab.special_id(s)
+            if sid is None:
+                if s in markers.optional:
+                    continue
+                added = vocab.added_id(s)
+                if added is not None:
+                    problems.append(f"{s!r} is an added token but not a special one")
+                else:
+                    problems.append(f"{s!r} is not a special token")
+                continue
+            self.marker_ids[s] = sid
+        if problems:
+            raise TokenizerError(
+                f"tokenizer {vocab.source!r} does not fit the template's markers: "
+                + "; ".join(problems)
+                + " (to fine-tune a base model on XTML, add them with --add-markers / add_special_tokens=)"
+            )
+        kinds = markers.kinds()
+        self.kind_of_id: dict[int, tuple[str, str]] = {i: (kinds[s], s) for s, i in self.marker_ids.items()}
+        # Optional markers spelled as text are found in decoded text instead.
+        self.text_marks = tuple(s for s in markers.embed_mark if s not in self.marker_ids)
+        self.stop_ids = tuple(self.marker_ids[s] for s in markers.stop if s in self.marker_ids)
+        self._splitter = markers.splitter()
+        self._piece: dict[str, list[int]] = {}
+        self._open: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
+        self._close: dict[str, list[int]] = {}
+        self._stable: dict[str, list[int]] = {}
+        self._headers: dict[tuple[int, ...], str] = {}
+
+    # -- segments → ids ------------------------------------------------------
+
+    def encode_segments(self, segments: Iterable[Segment]) -> list[int]:
+        """Ids of segments: each segment encoded on its own, concatenated."""
+        out: list[int] = []
+        for seg in segments:
+            out.extend(self._segment_ids(seg))
+        return out
+
+    def _segment_ids(self, seg: Segment) -> list[int]:
+        if not seg.special:
+            return self.vocab.encode_texts([seg.text])[0] if seg.text else []
+        # A special segment is markers and the text between them (an image
+        # prompt, say). Its text is trusted template output, never user text.
+        out: list[int] = []
+        pos = 0
+        for m in self._splitter.finditer(seg.text):
+            if m.start() > pos:
+                out.extend(self.vocab.encode_texts([seg.text[pos : m.start()]])[0])
+            mid = self.marker_ids.get(m.group())
+            out.extend([mid] if mid is not None else self.vocab.encode_texts([m.group()])[0])
+            pos = m.end()
+        if pos < len(seg.text):
+            out.extend(self.vocab.encode_texts([seg.text[pos:]])[0])
+        return out
+
+    def _pieces(self, segments: list[Segment]) -> list[int]:
+        out: list[int] = []
+        for seg in segments:
+            if seg.special:
+                out.extend(self._segment_ids(seg))
+                continue
+            ids = self._piece.get(seg.text)
+            if ids is None:
+                ids = self.vocab.encode_texts([seg.text])[0]
+                if len(self._piece) < _CACHE_LIMIT:
+                    self._piece[seg.text] = ids
+            out.extend(ids)
+        return out
+
+    # -- tree → ids ----------------------------------------------------------
+
+    def encode(self, doc: Document | Sequence[Node]) -> list[int]:
+        """Ids of a markup tree. Equal to ``encode_segments(to_segments(doc))``,
+        but constant pieces come from caches and all body text is encoded in
+        one batch."""
+        chunks: list[list[int]] = []
+        texts: list[str] = []
+        slots: list[int] = []
+        nodes = doc.nodes if isinstance(doc, Document) else doc
+        self._walk(nodes, chunks, texts, slots)
+        if texts:
+            for slot, ids in zip(slots, self.vocab.encode_texts(texts)):
+                chunks[slot] = ids
+        return list(chain.from_iterable(chunks))
+
+    def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int]) -> None:
+        markers = self.markers
+        for node in nodes:
+            if type(node) is Text:
+                if not node.text:
+                    continue
+                if node.stable:
+                    ids = self._stable.get(node.text)
+                    if ids is None:
+                        ids = self.vocab.encode_texts([node.text])[0]
+                        if len(self._stable) < 1024:
+                            self._stable[node.text] = ids
+                    chunks.append(ids)
+                else:
+                    slots.append(len(chunks))
+                    chunks.append([])
+                    texts.append(node.text)
+            elif type(node) is Element:
+                key = (node.tag, node.attrs)
+                ids = self._open.get(key)
+                if ids is None:
+                    ids = self._pieces(open_tag(node, markers))
+                    if len(self._open) < _CACHE_LIMIT:
+                        self._open[key] = ids
+                chunks.append(ids)
+                if node.children:
+                    self._walk(node.children, chunks, texts, slots)
+                if node.closed:
+                    ids = self._close.get(node.tag)
+                    if ids is None:
+                        ids = self._pieces(close_tag(node.tag, markers))
+                        self._close[node.tag] = ids
+                    chunks.append(ids)
+            elif type(node) is EndOfMessage:
+                chunks.append([self.marker_ids[markers.end]])
+            elif type(node) is Embed:
+                chunks.append(self._segment_ids(Segment(node.raw, True)))
+            else:
+                raise TypeError(f"not a markup node: {type(node).__name__}")
+
+    # -- ids → lexemes -------------------------------------------------------
+
+    def lex(self, ids: Sequence[int]) -> Lexemes:
+        """Lexemes of token ids: marker ids become terminals, runs of
+        ordinary ids TEXT (decoded; header runs through a cache)."""
+        if ids:
+            try:
+                ok = min(ids) >= 0 and max(ids) < self.vocab.size
+            except TypeError:
+                ok = False
+            if not ok:
+                self._bad_id(ids)
+        if len(self._headers) > _CACHE_LIMIT:
+            self._headers.clear()
+        try:
+            lx = lex_ids(ids, self.kind_of_id, self.vocab.decode_batch, self._headers)
+        except (TypeError, ValueError, OverflowError):
+            self._bad_id(ids)
+        if self.text_marks:
+            lx = _split_text_marks(lx, self.text_marks)
+        return lx
+
+    def _bad_id(self, ids: Sequence[int]) -> NoReturn:
+        for i, t in enumerate(ids):
+            if type(t) is not int or not 0 <= t < self.vocab.size:
+                raise ParseError(f"{t!r} is not a token id of this tokenizer", offset=i)
+        raise ParseError("token ids could not be decoded", offset=0)
+
+
+def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
+    """Where a vocabulary spells a placeholder as ordinary text, find it in
+    decoded body text, as the model's own processor does."""
+    out = Lexemes(end=lx.end)
+    for k, t, o in zip(lx.kinds, lx.texts, lx.offsets):
+        header = bool(out.kinds) and out.kinds[-1] in (OPEN, CLOSE)
+        if k != TEXT or header or not any(m in t for m in marks):
+            out.kinds.append(k)
+            out.texts.append(t)
+            out.offsets.append(o)
+            continue
+        pos = 0
+        while pos < len(t):
+            hits = [(t.find(m, pos), m) for m in marks if t.find(m, pos) >= 0]
+            if not hits:
+                break
+            at, m = min(hits)
+            if at > pos:
+                out.kinds.append(TEXT)
+                out.texts.append(t[pos:at])
+                out.offsets.append(o)
+            out.kinds.append(EMBED_MARK)
+            out.texts.append(m)
+            out.offsets.append(o)
+            pos = at + len(m)
+        if pos < len(t):
+            out.kinds.append(TEXT)
+            out.texts.append(t[pos:])
+            out.offsets.append(o)
+    return out
+
