@@ -53,7 +53,8 @@ class Markers:
     """Markers that end generation."""
 
     def __post_init__(self) -> None:
-        strings = list(self.kinds())
+        strings = [self.open, self.close, self.sep, self.end, *self.embed_begin, *self.embed_inner,
+                   *self.embed_end, *self.embed_mark]
         for s in strings:
             if not s:
                 raise TemplateError("a marker string is empty", location="markers")

@@ -1,0 +1,100 @@
+"""The command line, in process: main(argv) -> exit status."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import xtml
+from tests.conftest import deepseek_path
+from xtml.cli import main
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "chat.json"
+
+
+def run(argv: list[str], stdin: str = "", monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO(stdin), out, err
+    try:
+        code = main(argv)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = old
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_render_example(k3: xtml.Template) -> None:
+    code, out, err = run(["render", str(EXAMPLE)])
+    assert code == 0 and err == ""
+    assert out == k3.render(json.loads(EXAMPLE.read_text())).text + "\n"
+
+
+def test_render_segments_and_stdin() -> None:
+    code, out, _ = run(["render", "-", "--format", "segments", "--thinking", "false"],
+                       stdin='[{"role": "user", "content": "hi"}]')
+    assert code == 0
+    assert json.loads(out)[:2] == [["<|open|>", True], ["message", False]]
+
+
+def test_ids_roundtrip_through_cli(tmp_path: Path) -> None:
+    code, out, err = run(["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers",
+                          "--format", "ids"])
+    assert code == 0, err
+    ids_file = tmp_path / "ids.json"
+    ids_file.write_text(out)
+    code, out2, err = run(["parse", str(ids_file), "--tokenizer", deepseek_path(), "--add-markers"])
+    assert code == 0, err
+    parsed = json.loads(out2)
+    assert parsed == xtml.load().normalize(json.loads(EXAMPLE.read_text()))
+
+
+def test_tokens_view() -> None:
+    code, out, _ = run(["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers",
+                        "--format", "tokens"])
+    assert code == 0
+    first = out.splitlines()[0].split()
+    assert first[0] == "0" and first[2] == "<|open|>"
+
+
+def test_parse_text_completion_lenient() -> None:
+    code, out, _ = run(["parse", "-", "--from", "text", "--completion", "--lenient"],
+                       stdin="thinking...<|close|>think<|sep|><|open|>response<|sep|>partial")
+    assert code == 0
+    got = json.loads(out)
+    assert got["reasoning_content"] == "thinking..." and got["content"] == "partial"
+    assert got["diagnostics"][0]["kind"] == "truncated"
+
+
+@pytest.mark.parametrize(
+    "argv, stdin, needle",
+    [
+        (["render", "-"], "{", "invalid JSON"),
+        (["render", "-"], '[{"role": "critic", "content": "x"}]', "role 'critic'"),
+        (["render", "/no/such/file.json"], "", "cannot read"),
+        (["render", "-", "--format", "ids"], "[]", "needs --tokenizer"),
+        (["render", "-", "--template", "nope"], "[]", "no template named"),
+        (["render", "-", "--tokenizer", "/no/such/tok", "--format", "ids"], "[]", "no tokenizer.json"),
+        (["parse", "-", "--from", "text"], "<|open|>message<|sep|>", "(at line 1"),
+        (["parse", "-", "--tokenizer", "x"], '["a"]', "JSON array of token ids"),
+    ],
+)
+def test_invalid_input_exits_1_with_one_line(argv: list[str], stdin: str, needle: str) -> None:
+    code, out, err = run(argv, stdin)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("xtml: error: ") and needle in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [[], ["render", "--format", "bogus"], ["frobnicate"], ["parse", "--from", "x"]])
+def test_usage_errors_exit_2(argv: list[str]) -> None:
+    code, _, err = run(argv)
+    assert code == 2 and "usage:" in err
+
+
+def test_help_exits_0() -> None:
+    code, out, _ = run(["render", "--help"])
+    assert code == 0 and "examples:" in out

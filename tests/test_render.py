@@ -1,0 +1,127 @@
+"""Render: request shapes, options, and every bad input ends in a located XtmlError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import xtml
+
+U = {"role": "user", "content": "hi"}
+
+
+def test_bare_list_and_body_agree(k3: xtml.Template) -> None:
+    assert k3.render([U]).text == k3.render({"messages": [U]}).text
+
+
+def test_options_from_body_kwargs_and_chat_template_kwargs(k3: xtml.Template) -> None:
+    a = k3.render({"messages": [U], "thinking": False}).text
+    b = k3.render({"messages": [U]}, thinking=False).text
+    c = k3.render({"messages": [U], "chat_template_kwargs": {"enable_thinking": False}}).text
+    d = k3.render({"messages": [U], "model": "kimi-k3", "temperature": 0.2}, reasoning_effort="none").text
+    assert a == b == c == d
+    assert "<|open|>response<|sep|>" in a and "think" not in a
+
+
+def test_reasoning_effort_alias(k3: xtml.Template) -> None:
+    text = k3.render([U], reasoning_effort="low").text
+    assert "`thinking_effort=low`" in text
+
+
+def test_developer_is_system(k3: xtml.Template) -> None:
+    assert k3.render([{"role": "developer", "content": "be brief"}]).text == k3.render(
+        [{"role": "system", "content": "be brief"}]).text
+
+
+def test_reasoning_aliases(k3: xtml.Template) -> None:
+    base = k3.render([U, {"role": "assistant", "reasoning_content": "r", "content": "a"}]).text
+    for key in ("reasoning", "thinking"):
+        assert k3.render([U, {"role": "assistant", key: "r", "content": "a"}]).text == base
+
+
+def test_inputs_are_not_mutated(k3: xtml.Template) -> None:
+    import copy
+
+    msgs: list[dict[str, Any]] = [
+        U,
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "a", "function": {"name": "f", "arguments": '{"x": 1}'}},
+            {"id": "b", "function": {"name": "g", "arguments": {"y": 2}}}]},
+        {"role": "tool", "tool_call_id": "b", "content": "B"},
+        {"role": "tool", "tool_call_id": "a", "content": "A"},
+    ]
+    before = copy.deepcopy(msgs)
+    k3.render(msgs)
+    assert msgs == before
+
+
+def test_tool_results_reordered_to_call_order(k3: xtml.Template) -> None:
+    msgs = [
+        U,
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "a", "function": {"name": "f", "arguments": {}}},
+            {"id": "b", "function": {"name": "g", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "b", "content": "B"},
+        {"role": "tool", "tool_call_id": "a", "content": "A"},
+    ]
+    norm = k3.normalize(msgs)
+    tools = [m for m in norm["messages"] if m["role"] == "tool"]
+    assert [(t["name"], t["content"], t["tool_call_id"]) for t in tools] == [
+        ("f", "A", "call_1_1"), ("g", "B", "call_1_2")]
+
+
+BAD: list[tuple[Any, dict[str, Any], type[xtml.XtmlError], str]] = [
+    ("nope", {}, xtml.RequestError, "a request is an object"),
+    ({"msgs": []}, {}, xtml.RequestError, "needs 'messages'"),
+    ({"messages": "hi"}, {}, xtml.RequestError, "'messages' must be a list"),
+    ({"messages": [], "bogus": 1}, {}, xtml.RequestError, "unknown request key 'bogus'"),
+    ([U], {"bogus": 1}, xtml.OptionError, "unknown option 'bogus'"),
+    ([U], {"thinking": "yes"}, xtml.OptionError, "thinking must be true or false"),
+    ([U], {"reasoning_effort": "none", "thinking": True}, xtml.OptionError, "switches thinking off"),
+    ([U], {"tool_choice": {"type": "function", "function": {"name": "f"}}}, xtml.OptionError, "name one tool"),
+    ([U], {"response_format": {"type": "xml"}}, xtml.OptionError, "response_format type"),
+    ([U], {"image_prompts": ["not a prompt"]}, xtml.OptionError, "not an image prompt"),
+    ([U], {"tools": "f"}, xtml.OptionError, "tools must be a list"),
+    ([U, "text"], {}, xtml.MessageError, "a message must be an object"),
+    ([{"content": "x"}], {}, xtml.MessageError, "needs a 'role'"),
+    ([{"role": "critic", "content": "x"}], {}, xtml.MessageError, "role 'critic'"),
+    ([{"role": "user", "content": 5}], {}, xtml.MessageError, "content must be a string or a list"),
+    ([{"role": "user", "content": [{"type": "text"}]}], {}, xtml.MessageError, "needs 'text'"),
+    ([{"role": "user", "content": [{"type": "input_audio"}]}], {}, xtml.MessageError, "not supported"),
+    ([{"role": "user", "content": "x", "colour": "red"}], {}, xtml.MessageError, "unknown message field"),
+    ([{"role": "user", "content": "x", "tool_calls": [{}]}], {}, xtml.MessageError, "only assistant"),
+    ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}], {}, xtml.MessageError,
+     "needs a function name"),
+    ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"x": float("nan")}}}]}], {},
+     xtml.MessageError, "JSON cannot carry"),
+    ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"x": {1, 2}}}}]}], {},
+     xtml.MessageError, "is not JSON"),
+    ([{"role": "system", "content": "hidden", "tools": [{"type": "function"}]}], {}, xtml.MessageError,
+     "renders only the declaration"),
+    ([{"role": "user", "name": 3, "content": "x"}], {}, xtml.MessageError, "name must be a string"),
+    ([{"role": "assistant", "content": "", "refusal": "I can't"}], {}, xtml.MessageError, "cannot be rendered"),
+]
+
+
+@pytest.mark.parametrize("request_, options, error, message", BAD, ids=[b[3] for b in BAD])
+def test_bad_input(k3: xtml.Template, request_: Any, options: dict[str, Any], error: type[xtml.XtmlError],
+                   message: str) -> None:
+    with pytest.raises(error, match=message) as e:
+        k3.render(request_, **options)
+    assert " (at " in str(e.value) or isinstance(e.value, xtml.RequestError)
+
+
+def test_empty_api_fields_are_accepted(k3: xtml.Template) -> None:
+    k3.render([U, {"role": "assistant", "content": "a", "refusal": None, "annotations": []}])
+
+
+def test_image_parts_and_prompts(k3: xtml.Template) -> None:
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "see"},
+                                         {"type": "image_url", "image_url": {"url": "data:,"}}]}]
+    assert "<|kimi_image_placeholder|>" in k3.render(msgs).text
+    prompt = "<|media_begin|>image 4x4<|media_content|><|media_pad|><|media_end|>"
+    assert prompt in k3.render(msgs, image_prompts=[prompt]).text
+    norm = k3.normalize(msgs, image_prompts=[prompt])
+    assert norm["messages"][0]["content"] == [{"type": "text", "text": "see"}, {"type": "image"}]
+    assert norm["image_prompts"] == [prompt]
