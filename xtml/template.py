@@ -169,7 +169,7 @@ class Template:
                 return where(off) if not shift else line_col(text[shift:])(max(0, off - shift))
         else:
             binding = self.bind(tokenizer)
-            ids = list(data)
+            ids: list[int] = list(data)  # type: ignore[arg-type]
             if completion:
                 prefix_ids = binding.encode(self._prompt_nodes(on))
                 shift = len(prefix_ids)

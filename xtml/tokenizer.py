@@ -137,7 +137,7 @@ class Binding:
         self.vocab = vocab
         self.marker_ids: dict[str, int] = {}
         problems: list[str] = []
-        for s, kind in markers.kinds().items():
+        for s in markers.kinds():
             sid = vocab.special_id(s)
             if sid is None:
                 if s in markers.optional:

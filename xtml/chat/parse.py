@@ -153,7 +153,7 @@ class _Reader:
                 msg["reasoning_content"] = reasoning
         tools = seen.get(n["tools"])
         if tools is not None:
-            calls = []
+            calls: list[dict[str, Any]] = []
             for c in tools.children:
                 if isinstance(c, Element) and c.tag == n["call"]:
                     calls.append(self.call(c, pos, len(calls) + 1, f"{path}/{n['tools']}"))

@@ -9,7 +9,7 @@ is tested against. Lark's exceptions never leave this module: they become
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -21,7 +21,7 @@ from ..errors import ParseError
 from .header import Header
 from .markers import TEXT
 from .nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from .parse import MAX_DEPTH, Lexemes
+from .parse import _LABEL, MAX_DEPTH, Lexemes
 
 GRAMMAR_PACKAGE = "xtml.grammar"
 GRAMMAR_FILE = "xtml.lark"
@@ -44,13 +44,13 @@ class LexemeLexer(Lexer):
             yield Token(kind, text, start_pos=off)
 
 
-@lru_cache(maxsize=None)
+@cache
 def document_parser(strict: bool = False) -> Lark:
     """The LALR parser of rule ``document`` over lexemes."""
     return Lark(grammar_text(), start="document", parser="lalr", lexer=LexemeLexer, strict=strict)
 
 
-@lru_cache(maxsize=None)
+@cache
 def header_parser(strict: bool = False) -> Lark:
     """The LALR parser of rule ``header`` over characters."""
     return Lark(grammar_text(), start="header", parser="lalr", lexer="contextual", strict=strict)
@@ -131,7 +131,7 @@ def parse_lexemes(lx: Lexemes, *, source: str | None = None) -> Document:
     offsets into line and column in errors."""
     # Lark's LALR driver is iterative, but the transformer recurses on depth.
     depth = 0
-    for k, t in zip(lx.kinds, lx.texts):
+    for k in lx.kinds:
         if k == "OPEN":
             depth += 1
             if depth > MAX_DEPTH:
@@ -139,15 +139,16 @@ def parse_lexemes(lx: Lexemes, *, source: str | None = None) -> Document:
         elif k == "CLOSE":
             depth = max(0, depth - 1)
     try:
-        tree = document_parser().parse(lx)  # type: ignore[arg-type]
+        tree = document_parser().parse(lx)
         doc = _DocTree().transform(tree)
     except UnexpectedToken as e:
         tok = e.token
         off = tok.start_pos if tok.type != "$END" else lx.end
         got = "end of input" if tok.type == "$END" else (
             f"text {str(tok)[:40]!r}" if tok.type == TEXT else f"marker {str(tok)!r}")
-        expected = ", ".join(sorted(e.expected))
-        raise _located(f"unexpected {got}; expected one of: {expected}", off or 0, source) from None
+        wanted = sorted({_LABEL.get(x, "end of input" if x == "$END" else x) for x in e.expected})
+        expected = wanted[0] if len(wanted) == 1 else ", ".join(wanted[:-1]) + " or " + wanted[-1]
+        raise _located(f"unexpected {got}; expected {expected}", off or 0, source) from None
     except UnexpectedCharacters as e:
         raise _located("unexpected input", e.pos_in_stream or 0, source) from None
     except ParseError as e:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +58,7 @@ class EndOfMessage:
     """The end-of-message marker that follows every top-level element."""
 
 
-Node = Union[Element, Text, Embed, EndOfMessage]
+Node = Element | Text | Embed | EndOfMessage
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,7 +155,7 @@ def _text_run(
 
 
 class _Open:
-    __slots__ = ("tag", "attrs", "children", "offset")
+    __slots__ = ("attrs", "children", "offset", "tag")
 
     def __init__(self, tag: str, attrs: tuple[tuple[str, str], ...], offset: int) -> None:
         self.tag = tag
