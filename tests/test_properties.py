@@ -1,0 +1,299 @@
+"""Property-based tests of the chat layer on token ids.
+
+1. round trip: ``parse(encode(x)) == normalize(x)`` for generated requests;
+2. re-render stability: what parse returns renders to the same text (and ids);
+3. injection-freedom: text never becomes a marker id;
+4. never crash: strict parses raise only XtmlError, lenient parses never raise;
+5. (grammar equivalence is in test_grammar_equivalence.py);
+6. completion parses of generated assistant messages, whole and truncated.
+
+Profiles (``ci``, ``fuzz``) come from conftest.py; HYPOTHESIS_PROFILE=fuzz runs longer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, event, example, given, note, settings
+from hypothesis import strategies as st
+
+import xtml
+from tests.strategies import (
+    FRAGMENTS,
+    K3,
+    MARKERS,
+    adversarial_text,
+    assistant_messages,
+    has_adjacent_text,
+    id_lists,
+    junk,
+    junk_requests,
+    marker_ids,
+    marker_soup,
+    requests,
+    vocab,
+)
+
+k3 = K3
+SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+OPTION_KEYS = ("image_prompts",)
+
+
+def _encode(body: dict[str, Any], kwargs: dict[str, Any]) -> list[int]:
+    return k3.encode(body, vocab(), **kwargs)
+
+
+def _marker_counts(ids: list[int]) -> Counter[int]:
+    wanted = set(marker_ids().values())
+    return Counter(i for i in ids if i in wanted)
+
+
+# -- 1. round trip -----------------------------------------------------------------
+
+@SLOW
+@given(requests())
+def test_round_trip_ids(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    body, kwargs = req
+    before = copy.deepcopy((body, kwargs))
+    ids = _encode(body, kwargs)
+    expected = k3.normalize(body, **kwargs)
+    assert (body, kwargs) == before, "render or normalize mutated its input"
+    note(f"ids={ids}")
+    assert k3.parse(ids, vocab()) == expected
+    lenient = k3.parse(ids, vocab(), lenient=True)
+    assert lenient.pop("diagnostics") == []
+    assert lenient == expected
+
+
+@SLOW
+@given(requests())
+def test_round_trip_text_when_unambiguous(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """The text form is ambiguous only where body text holds marker literals."""
+    body, kwargs = req
+    text, segments = k3.render(body, **kwargs)
+    special = "".join(s.text for s in segments if s.special)
+    unambiguous = all(text.count(m) == special.count(m) for m in MARKERS)
+    event(f"text form unambiguous: {unambiguous}")
+    if unambiguous:
+        assert k3.parse(text) == k3.normalize(body, **kwargs)
+
+
+# -- 2. re-render stability ----------------------------------------------------------
+
+@SLOW
+@given(requests())
+def test_rerender_is_stable(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    body, kwargs = req
+    ids = _encode(body, kwargs)
+    parsed = k3.parse(ids, vocab())
+    assert k3.render(parsed).text == k3.render(body, **kwargs).text
+    # The normal form is a fixed point of normalize.
+    assert k3.normalize(parsed) == parsed
+    if not has_adjacent_text(k3.document(body, **kwargs)):
+        assert k3.encode(parsed, vocab()) == ids
+
+
+# -- 3. injection-freedom ------------------------------------------------------------
+
+@SLOW
+@given(requests())
+def test_marker_ids_come_only_from_special_segments(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    body, kwargs = req
+    ids = _encode(body, kwargs)
+    _, segments = k3.render(body, **kwargs)
+    counts = _marker_counts(ids)
+    for s, mid in marker_ids().items():
+        expected = sum(seg.text.count(s) for seg in segments if seg.special)
+        assert counts[mid] == expected, f"{s!r}: {counts[mid]} ids, {expected} in special segments"
+
+
+def _without_image_prompts(body: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    body = {k: v for k, v in body.items() if k != "image_prompts"}
+    if "chat_template_kwargs" in body:
+        body["chat_template_kwargs"] = {k: v for k, v in body["chat_template_kwargs"].items()
+                                        if k != "image_prompts"}
+    return body, {k: v for k, v in kwargs.items() if k != "image_prompts"}
+
+
+@SLOW
+@given(requests(), st.one_of(st.sampled_from(MARKERS), st.sampled_from(FRAGMENTS), adversarial_text()),
+       st.sampled_from(["user", "system", "assistant", "tool"]))
+def test_marker_literal_in_content_adds_no_marker_id(
+    req: tuple[dict[str, Any], dict[str, Any]], literal: str, role: str
+) -> None:
+    # With image prompts given, a placeholder literal in text is an image by
+    # design (as the model's processor reads it): leave them out here.
+    body, kwargs = _without_image_prompts(*req)
+
+    def with_content(content: str) -> list[int]:
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if role == "tool":
+            msg["name"] = "t"
+        b = dict(body, messages=[*body["messages"], msg])
+        return _encode(b, kwargs)
+
+    assert _marker_counts(with_content(literal)) == _marker_counts(with_content("x"))
+
+
+# -- 4. never crash ------------------------------------------------------------------
+
+def _strict(data: Any, **kw: Any) -> dict[str, Any] | None:
+    try:
+        out = k3.parse(data, vocab() if isinstance(data, list) else None, **kw)
+    except xtml.XtmlError:
+        return None
+    assert isinstance(out, dict)
+    return out
+
+
+def _lenient(data: Any, **kw: Any) -> dict[str, Any]:
+    out = k3.parse(data, vocab() if isinstance(data, list) else None, lenient=True, **kw)
+    assert isinstance(out, dict)
+    diags = out["diagnostics"]
+    assert isinstance(diags, list)
+    for d in diags:
+        assert set(d) == {"kind", "offset", "message"}
+        assert isinstance(d["offset"], int) and d["offset"] >= 0
+    return out
+
+
+@SLOW
+@given(id_lists(), st.sampled_from([None, True, False]))
+def test_random_ids_never_crash(ids: list[int], thinking: bool | None) -> None:
+    strict = _strict(ids)
+    lenient = _lenient(ids)
+    if strict is not None:
+        assert lenient == {**strict, "diagnostics": []}
+    _strict(ids, completion=True, thinking=thinking)
+    out = _lenient(ids, completion=True, thinking=thinking)
+    assert out["role"] == "assistant"
+
+
+@SLOW
+@given(marker_soup(), st.sampled_from([None, True, False]))
+def test_random_text_never_crashes(text: str, thinking: bool | None) -> None:
+    _strict(text)
+    _lenient(text)
+    _strict(text, completion=True, thinking=thinking)
+    assert _lenient(text, completion=True, thinking=thinking)["role"] == "assistant"
+
+
+@SLOW
+@given(st.data())
+def test_ids_of_valid_requests_mutated_never_crash(data: st.DataObject) -> None:
+    """Near-valid ids: a rendered request with a few ids dropped, duplicated or replaced."""
+    body, kwargs = data.draw(requests())
+    ids = _encode(body, kwargs)
+    mids = sorted(marker_ids().values())
+    for _ in range(data.draw(st.integers(1, 3))):
+        if not ids:
+            break
+        i = data.draw(st.integers(0, len(ids) - 1))
+        op = data.draw(st.sampled_from(["drop", "dup", "marker", "swap"]))
+        if op == "drop":
+            del ids[i]
+        elif op == "dup":
+            ids.insert(i, ids[i])
+        elif op == "marker":
+            ids[i] = data.draw(st.sampled_from(mids))
+        else:
+            j = data.draw(st.integers(0, len(ids) - 1))
+            ids[i], ids[j] = ids[j], ids[i]
+    _strict(ids)
+    _lenient(ids)
+    _lenient(ids, completion=True)
+
+
+def _render_only_xtml_errors(request: Any) -> None:
+    for fn in (k3.render, k3.normalize, lambda r: k3.encode(r, vocab())):
+        try:
+            fn(request)
+        except xtml.XtmlError:
+            pass
+
+
+@SLOW
+@given(junk())
+def test_render_junk_raises_only_xtml_errors(request: Any) -> None:
+    if not isinstance(request, dict | list):
+        request = {"messages": request}
+    _render_only_xtml_errors(request)
+
+
+@SLOW
+@given(junk_requests())
+def test_render_near_valid_junk_raises_only_xtml_errors(request: Any) -> None:
+    _render_only_xtml_errors(request)
+
+
+# -- 6. completions ------------------------------------------------------------------
+
+CONV = [{"role": "user", "content": "hi"}]
+
+
+def _completion_case(m: dict[str, Any], thinking: bool, tools: bool) -> tuple[list[int], dict[str, Any]]:
+    extra: dict[str, Any] = {"thinking": thinking}
+    if tools:
+        extra["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    full = k3.encode(CONV + [m], vocab(), add_generation_prompt=False, **extra)
+    prefix = k3.encode(CONV, vocab(), add_generation_prompt=True, **extra)
+    assert full[: len(prefix)] == prefix, "the generation prompt is not a prefix of the rendered message"
+    expected = k3.normalize(CONV + [m], add_generation_prompt=False, **extra)["messages"][-1]
+    # A completion is read on its own: its calls are numbered as message 0.
+    for k, c in enumerate(expected.get("tool_calls", ()), start=1):
+        assert c["id"] == f"call_{len(CONV)}_{k}"
+        c["id"] = f"call_0_{k}"
+    return full[len(prefix):], expected
+
+
+@SLOW
+@given(assistant_messages(images=False, name=False), st.booleans(), st.booleans())
+def test_completion_parse(m: dict[str, Any], thinking: bool, tools: bool) -> None:
+    comp, expected = _completion_case(m, thinking, tools)
+    end = marker_ids()[k3.markers.end]
+    assert comp[-1] == end
+    for ids in (comp, comp[:-1]):
+        assert k3.parse(ids, vocab(), completion=True, thinking=thinking) == expected
+        lenient = k3.parse(ids, vocab(), completion=True, thinking=thinking, lenient=True)
+        assert lenient.pop("diagnostics") == []
+        assert lenient == expected
+
+
+@SLOW
+@given(assistant_messages(images=False, name=False), st.booleans(), st.data())
+def test_truncated_completion(m: dict[str, Any], thinking: bool, data: st.DataObject) -> None:
+    comp, expected = _completion_case(m, thinking, False)
+    cut = data.draw(st.integers(0, len(comp)), label="cut")
+    ids = comp[:cut]
+    out = k3.parse(ids, vocab(), completion=True, thinking=thinking, lenient=True)
+    assert out["role"] == "assistant"
+    closed = cut >= len(comp) - 1  # everything up to the end marker
+    if closed:
+        assert out.pop("diagnostics") == []
+        assert out == expected
+    else:
+        assert out["diagnostics"], "a completion cut before its message closed has no diagnostic"
+        with pytest.raises(xtml.ParseError):
+            k3.parse(ids, vocab(), completion=True, thinking=thinking)
+
+
+@SLOW
+@given(assistant_messages(images=False, name=False), st.booleans(), st.data())
+def test_truncated_completion_keeps_what_was_complete(m: dict[str, Any], thinking: bool,
+                                                      data: st.DataObject) -> None:
+    """Best effort: text already generated is not lost, i.e. the truncated
+    parse's reasoning/content are prefixes of the full ones."""
+    comp, expected = _completion_case(m, thinking, False)
+    cut = data.draw(st.integers(0, len(comp)), label="cut")
+    out = k3.parse(comp[:cut], vocab(), completion=True, thinking=thinking, lenient=True)
+    for key in ("reasoning_content", "content"):
+        got, full = out.get(key, ""), expected.get(key, "")
+        if isinstance(got, str) and isinstance(full, str) and got:
+            # A cut inside a multi-byte character decodes to U+FFFD at the end.
+            assert full.startswith(got.rstrip("\ufffd")), key
+    got_calls = out.get("tool_calls", [])
+    assert len(got_calls) <= len(expected.get("tool_calls", []))

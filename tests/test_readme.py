@@ -1,0 +1,15 @@
+"""The README's Python example runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def test_readme_python_example_runs() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert blocks, "the README has no Python example"
+    for code in blocks:
+        exec(compile(code, str(README), "exec"), {})
