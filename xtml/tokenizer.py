@@ -48,6 +48,7 @@ class Vocabulary:
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.encode_special_tokens = True
         self.source = source
+        self._size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._added = {
             t.content: (i, bool(t.special)) for i, t in self._tok.get_added_tokens_decoder().items()
         }
@@ -55,7 +56,7 @@ class Vocabulary:
     @property
     def size(self) -> int:
         """Number of ids, added tokens included."""
-        return int(self._tok.get_vocab_size(with_added_tokens=True))
+        return self._size
 
     def special_id(self, text: str) -> int | None:
         """The id of the special token spelled ``text``, if there is one."""
@@ -73,7 +74,7 @@ class Vocabulary:
         encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
         return [e.ids for e in encs]
 
-    def decode_batch(self, runs: list[list[int]]) -> list[str]:
+    def decode_batch(self, runs: list[Sequence[int]]) -> list[str]:
         """Each run of ordinary ids decoded on its own."""
         return list(self._tok.decode_batch(runs, skip_special_tokens=False))
 
@@ -165,7 +166,7 @@ class Binding:
         self._open: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
         self._close: dict[str, list[int]] = {}
         self._stable: dict[str, list[int]] = {}
-        self._headers: dict[tuple[int, ...], str] = {}
+        self._headers: dict[str, str] = {}
 
     # -- segments → ids ------------------------------------------------------
 

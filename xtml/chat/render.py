@@ -45,7 +45,9 @@ class _Images:
 
 
 def _body(parts: list[Part], images: _Images) -> tuple[Node, ...]:
-    return tuple(Text(p) if isinstance(p, str) else images.next() for p in parts)
+    if len(parts) == 1 and type(parts[0]) is str:
+        return (Text(parts[0]),)
+    return tuple([Text(p) if type(p) is str else images.next() for p in parts])
 
 
 def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:

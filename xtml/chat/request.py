@@ -98,9 +98,14 @@ class Options:
     tools: list[Any] | None
 
 
+def _is_map(x: object) -> bool:
+    # Plain dicts are what users pass; the ABC check is slow on a hot path.
+    return type(x) is dict or isinstance(x, Mapping)
+
+
 def deep_sort(obj: Any, where: str = "tools") -> Any:
     """Dicts with keys sorted, recursively (how K3 serialises schemas)."""
-    if isinstance(obj, Mapping):
+    if _is_map(obj):
         try:
             items = sorted(obj.items())
         except TypeError:
@@ -123,7 +128,7 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
     opts: dict[str, Any] = {}
     if isinstance(request, list | tuple):
         messages = list(request)
-    elif isinstance(request, Mapping):
+    elif _is_map(request):
         if "messages" not in request:
             raise RequestError("a request needs 'messages' (or pass a bare list of messages)")
         messages = request["messages"]
@@ -134,7 +139,7 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
             if k == "messages" or k in API_KEYS:
                 continue
             if k == "chat_template_kwargs":
-                if not isinstance(v, Mapping):
+                if not _is_map(v):
                     raise RequestError("'chat_template_kwargs' must be an object", location=k)
                 for kk, vv in v.items():
                     if kk not in OPTION_NAMES:
@@ -208,7 +213,7 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
 def _response_format(rf: Any) -> dict[str, Any] | None:
     if rf is None:
         return None
-    if not isinstance(rf, Mapping):
+    if not _is_map(rf):
         raise OptionError("response_format must be an object with a 'type'", option="response_format")
     t = rf.get("type")
     if t == "text":
@@ -217,7 +222,7 @@ def _response_format(rf: Any) -> dict[str, Any] | None:
         return {"type": "json_object"}
     if t == "json_schema":
         js = rf.get("json_schema")
-        if not isinstance(js, Mapping):
+        if not _is_map(js):
             raise OptionError("response_format json_schema needs a 'json_schema' object",
                               option="response_format")
         schema = js.get("schema", js.get("json_schema", js))
@@ -236,7 +241,7 @@ def value_type(value: Any) -> str:
         return "number"
     if isinstance(value, str):
         return "string"
-    if isinstance(value, Mapping):
+    if _is_map(value):
         return "object"
     return "array"
 
@@ -244,7 +249,7 @@ def value_type(value: Any) -> str:
 def _arguments(raw: Any, i: int, path: str) -> tuple[list[tuple[str, Any]] | None, str | None]:
     if raw is None:
         return [], None
-    if isinstance(raw, Mapping):
+    if _is_map(raw):
         parsed: Any = raw
     elif isinstance(raw, str):
         if not raw.strip():
@@ -305,7 +310,7 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
         if isinstance(part, str):
             add_text(part)
             continue
-        if not isinstance(part, Mapping):
+        if not _is_map(part):
             raise MessageError("a content part must be an object", index=i, path=where)
         t = part.get("type")
         if t in d.image_part_types:
@@ -330,7 +335,7 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
     msgs: list[Msg] = []
     call_ids: dict[str, tuple[int, str]] = {}
     for i, m in enumerate(raw_messages):
-        if not isinstance(m, Mapping):
+        if not _is_map(m):
             raise MessageError(f"a message must be an object, not {type(m).__name__}", index=i)
         for k, v in m.items():
             if k in MESSAGE_KEYS:
@@ -377,10 +382,10 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             call_ids = {}
             for j, c in enumerate(calls):
                 where = f"tool_calls[{j}]"
-                if not isinstance(c, Mapping):
+                if not _is_map(c):
                     raise MessageError("a tool call must be an object", index=i, path=where)
                 fn = c.get("function", c)
-                if not isinstance(fn, Mapping):
+                if not _is_map(fn):
                     raise MessageError("function must be an object", index=i, path=f"{where}.function")
                 fname = fn.get("name")
                 if not isinstance(fname, str) or not fname:

@@ -38,8 +38,24 @@ def unescape(value: str) -> str:
     return _ENTITY.sub(_unescape_match, value)
 
 
+_cache: dict[str, Header | None] = {}
+
+
 def parse_header(text: str) -> Header | None:
     """``tag k="v" ...`` → ``(tag, ((k, v), ...))``, or None if malformed."""
+    # Headers recur constantly (every message, channel and argument).
+    try:
+        return _cache[text]
+    except KeyError:
+        pass
+    hdr = _parse_header(text)
+    if len(_cache) >= 65536:
+        _cache.clear()
+    _cache[text] = hdr
+    return hdr
+
+
+def _parse_header(text: str) -> Header | None:
     m = _HEADER.match(text)
     if m is None:
         return None

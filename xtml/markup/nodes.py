@@ -1,11 +1,16 @@
-"""The markup tree: what XTML means, independent of tokens and of chat."""
+"""The markup tree: what XTML means, independent of tokens and of chat.
+
+Nodes are slotted dataclasses, compared by value. Treat them as immutable:
+they are not frozen only because frozen dataclasses cost several times more
+to create, and parsing creates one per element and text run.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Text:
     """Body text. Never escaped: in token ids it is ordinary text."""
 
@@ -16,7 +21,7 @@ class Text:
     declarations), so an encoder may cache its ids. Not part of the meaning."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Embed:
     """An opaque span made by a processor, rendered as one special segment.
 
@@ -28,7 +33,7 @@ class Embed:
     """The span in text form: marker strings and the text between them."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Element:
     """An element: ``OPEN tag attrs SEP children CLOSE tag SEP``."""
 
@@ -53,7 +58,7 @@ class Element:
         return default
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EndOfMessage:
     """The end-of-message marker that follows every top-level element."""
 

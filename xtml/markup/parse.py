@@ -16,6 +16,9 @@ what it repaired. :mod:`xtml.markup.grammar` runs the grammar itself.
 
 from __future__ import annotations
 
+import re
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -87,8 +90,8 @@ def lex_text(text: str, markers: Markers) -> Lexemes:
 def lex_ids(
     ids: Sequence[int],
     marker_kinds: dict[int, tuple[str, str]],
-    decode_batch: Callable[[list[list[int]]], list[str]],
-    header_cache: dict[tuple[int, ...], str] | None = None,
+    decode_batch: Callable[[list[Sequence[int]]], list[str]],
+    header_cache: dict[str, str] | None = None,
 ) -> Lexemes:
     """Lex token ids: ``marker_kinds`` maps a marker id to (terminal, string).
 
@@ -96,62 +99,101 @@ def lex_ids(
     (right after OPEN or CLOSE) recur constantly and go through
     ``header_cache``.
     """
-    out = Lexemes(end=len(ids))
-    kinds, texts, offsets = out.kinds, out.texts, out.offsets
-    pending: list[list[int]] = []
-    pending_at: list[int] = []
-    pending_keys: list[tuple[int, ...] | None] = []
-    start = 0
-    get = marker_kinds.get
     n = len(ids)
-    for i in range(n):
-        mk = get(ids[i])
-        if mk is None:
-            continue
+    out = Lexemes(end=n)
+    if n == 0:
+        return out
+    finder = _finder(marker_kinds)
+    try:
+        # Each id as one character, so that a regular expression (in C) finds
+        # the markers, instead of a Python loop over every id.
+        # Surrogate code points are fine in a str; ids past U+10FFFF are not.
+        as_text = array(_U32, ids).tobytes().decode("utf-32-le" if _LE else "utf-32-be", "surrogatepass")
+    except (OverflowError, UnicodeDecodeError, TypeError):
+        return _lex_ids_slow(ids, marker_kinds, decode_batch)
+    kinds, texts, offsets = out.kinds, out.texts, out.offsets
+    cache = header_cache if header_cache is not None else {}
+    pending: list[Sequence[int]] = []
+    pending_at: list[int] = []
+    pending_keys: list[str | None] = []
+    start = 0
+    after_tag = False
+    for i in [*(m.start() for m in finder.finditer(as_text)), n]:
         if i > start:
-            _text_run(ids, start, i, kinds, texts, offsets, pending, pending_at, pending_keys, header_cache)
-        kinds.append(mk[0])
-        texts.append(mk[1])
+            kinds.append(TEXT)
+            offsets.append(start)
+            texts.append("")
+            if after_tag:
+                key = as_text[start:i]
+                hit = cache.get(key)
+                if hit is not None:
+                    texts[-1] = hit
+                else:
+                    pending.append(ids[start:i])
+                    pending_at.append(len(texts) - 1)
+                    pending_keys.append(key)
+            else:
+                pending.append(ids[start:i])
+                pending_at.append(len(texts) - 1)
+                pending_keys.append(None)
+        if i == n:
+            break
+        kind, marker = marker_kinds[ids[i]]
+        kinds.append(kind)
+        texts.append(marker)
         offsets.append(i)
+        after_tag = kind == OPEN or kind == CLOSE
         start = i + 1
-    if n > start:
-        _text_run(ids, start, n, kinds, texts, offsets, pending, pending_at, pending_keys, header_cache)
     if pending:
-        for at, key, s in zip(pending_at, pending_keys, decode_batch(pending)):
-            texts[at] = s
-            if key is not None and header_cache is not None:
-                header_cache[key] = s
+        for at, hkey, decoded in zip(pending_at, pending_keys, decode_batch(pending)):
+            texts[at] = decoded
+            if hkey is not None and header_cache is not None:
+                header_cache[hkey] = decoded
     return out
 
 
-def _text_run(
+_LE = sys.byteorder == "little"
+_U32 = next(t for t in "IL" if array(t).itemsize == 4)
+_finders: dict[frozenset[int], re.Pattern[str]] = {}
+
+
+def _finder(marker_kinds: dict[int, tuple[str, str]]) -> re.Pattern[str]:
+    key = frozenset(marker_kinds)
+    pat = _finders.get(key)
+    if pat is None:
+        chars = "".join(chr(i) for i in sorted(key) if i <= 0x10FFFF)
+        pat = re.compile("[" + re.escape(chars) + "]" if chars else "(?!)")
+        _finders[key] = pat
+    return pat
+
+
+def _lex_ids_slow(
     ids: Sequence[int],
-    a: int,
-    b: int,
-    kinds: list[str],
-    texts: list[str],
-    offsets: list[int],
-    pending: list[list[int]],
-    pending_at: list[int],
-    pending_keys: list[tuple[int, ...] | None],
-    header_cache: dict[tuple[int, ...], str] | None,
-) -> None:
-    run = list(ids[a:b])
-    key: tuple[int, ...] | None = None
-    if header_cache is not None and kinds and kinds[-1] in (OPEN, CLOSE):
-        key = tuple(run)
-        hit = header_cache.get(key)
-        if hit is not None:
-            kinds.append(TEXT)
-            texts.append(hit)
-            offsets.append(a)
-            return
-    kinds.append(TEXT)
-    texts.append("")
-    offsets.append(a)
-    pending.append(run)
-    pending_at.append(len(texts) - 1)
-    pending_keys.append(key)
+    marker_kinds: dict[int, tuple[str, str]],
+    decode_batch: Callable[[list[Sequence[int]]], list[str]],
+) -> Lexemes:
+    out = Lexemes(end=len(ids))
+    runs: list[Sequence[int]] = []
+    at: list[int] = []
+    start = 0
+    for i in [*range(len(ids)), len(ids)]:
+        mk = marker_kinds.get(ids[i]) if i < len(ids) else None
+        if mk is None and i < len(ids):
+            continue
+        if i > start:
+            out.kinds.append(TEXT)
+            out.texts.append("")
+            out.offsets.append(start)
+            runs.append(list(ids[start:i]))
+            at.append(len(out.texts) - 1)
+        if mk is not None:
+            out.kinds.append(mk[0])
+            out.texts.append(mk[1])
+            out.offsets.append(i)
+        start = i + 1
+    for j, decoded in zip(at, decode_batch(runs) if runs else []):
+        out.texts[j] = decoded
+    return out
 
 
 class _Open:
