@@ -270,8 +270,10 @@ class Binding:
         """Lexemes of token ids: marker ids become terminals, runs of
         ordinary ids TEXT (decoded; header runs through a cache)."""
         if ids:
+            # Negative or non-integer ids fail in lex_ids' packing and are
+            # caught below; only the upper bound needs a check of its own.
             try:
-                ok = min(ids) >= 0 and max(ids) < self.vocab.size
+                ok = max(ids) < self.vocab.size
             except TypeError:
                 ok = False
             if not ok:

@@ -44,7 +44,10 @@ class _Reader:
     # -- pieces ----------------------------------------------------------------
 
     def attrs(self, el: Element, allowed: tuple[str, ...], path: str) -> dict[str, str]:
-        out: dict[str, str] = {}
+        out = dict(el.attrs)
+        if len(out) == len(el.attrs) and all(k in allowed for k in out):
+            return out
+        out = {}
         for k, v in el.attrs:
             if k not in allowed:
                 self.problem(el, f"unexpected attribute {k!r} on {el.tag!r}", "unknown-attribute", path)
@@ -56,6 +59,11 @@ class _Reader:
 
     def text(self, el: Element, path: str) -> str:
         """Body text of an element that may hold only text."""
+        ch = el.children
+        if not ch:
+            return ""
+        if len(ch) == 1 and type(ch[0]) is Text:
+            return ch[0].text
         parts: list[str] = []
         for c in el.children:
             if isinstance(c, Text):
@@ -81,6 +89,11 @@ class _Reader:
 
     def content(self, el: Element, path: str) -> str | list[dict[str, Any]]:
         """Text and images, as in the normal form."""
+        ch = el.children
+        if not ch:
+            return ""
+        if len(ch) == 1 and type(ch[0]) is Text:
+            return ch[0].text
         out: list[dict[str, Any]] = []
         plain = True
         for c in el.children:

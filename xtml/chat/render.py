@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import MessageError, OptionError
 from ..markup.nodes import Element, Embed, EndOfMessage, Node, Text
 from .dialect import Dialect
-from .request import Call, Image, Msg, Options, Part, json_compact, value_type
+from .request import Call, Image, Msg, Options, Part, deep_sort, json_compact, value_type
 
 
 def call_id(pos: int, k: int) -> str:
@@ -156,7 +156,8 @@ def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:
     out_msgs: list[dict[str, Any]] = []
     for pos, m in enumerate(msgs):
         if m.tools is not None:
-            out_msgs.append({"role": "system", "content": "", "tools": m.tools})
+            tools = deep_sort(m.tools, f"messages[{m.index}].tools")
+            out_msgs.append({"role": "system", "content": "", "tools": tools})
             continue
         if m.role == "tool":
             tm: dict[str, Any] = {"role": "tool", "name": m.name or ""}
@@ -181,14 +182,18 @@ def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:
         out_msgs.append(msg)
     req: dict[str, Any] = {"messages": out_msgs}
     if o.tools:
-        req["tools"] = o.tools
+        req["tools"] = deep_sort(o.tools)
     req["thinking"] = o.thinking
     if o.thinking:
         req["thinking_effort"] = o.effort
     if o.tool_choice is not None:
         req["tool_choice"] = o.tool_choice
     if o.response_format is not None:
-        req["response_format"] = o.response_format
+        rf = o.response_format
+        if rf["type"] == "json_schema":
+            schema = deep_sort(rf["json_schema"]["schema"], "response_format")
+            rf = {"type": "json_schema", "json_schema": {"schema": schema}}
+        req["response_format"] = rf
     req["add_generation_prompt"] = o.add_generation_prompt
     if o.image_prompts:
         req["image_prompts"] = list(o.image_prompts)

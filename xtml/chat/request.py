@@ -117,8 +117,10 @@ def deep_sort(obj: Any, where: str = "tools") -> Any:
 
 
 def json_compact(value: Any, where: str) -> str:
+    """Compact JSON with every object's keys sorted, as K3 writes schemas.
+    (``sort_keys`` sorts recursively, like :func:`deep_sort`, but in C.)"""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
 
@@ -206,7 +208,7 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
     if tools is not None:
         if not isinstance(tools, list | tuple):
             raise OptionError("tools must be a list of tool schemas", option="tools")
-        tools = deep_sort(list(tools)) if tools else None
+        tools = list(tools) if tools else None
     return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools)
 
 
@@ -226,7 +228,7 @@ def _response_format(rf: Any) -> dict[str, Any] | None:
             raise OptionError("response_format json_schema needs a 'json_schema' object",
                               option="response_format")
         schema = js.get("schema", js.get("json_schema", js))
-        return {"type": "json_schema", "json_schema": {"schema": deep_sort(schema, "response_format")}}
+        return {"type": "json_schema", "json_schema": {"schema": schema}}
     raise OptionError(f"response_format type must be text, json_object or json_schema, not {t!r}",
                       option="response_format")
 
@@ -366,7 +368,7 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             if _content(d, m.get("content"), i, False):
                 raise MessageError("a system message that declares tools renders only the declaration; "
                                    "move its content to a message of its own", index=i, path="content")
-            msg.tools = deep_sort(list(tools), f"messages[{i}].tools")
+            msg.tools = list(tools)
             msgs.append(msg)
             continue
         msg.parts = _content(d, m.get("content"), i, split_marks)
