@@ -34,6 +34,13 @@ class _Reader:
         self.shift = shift
         self.image_prompts: list[str] = []
         self.placeholders = 0
+        n = self.n
+        # Which attributes each element may carry, by role.
+        self.a_msg = frozenset((n["role"], n["name"]))
+        self.a_internal = frozenset((n["role"], n["type"]))
+        self.a_tool = frozenset((n["role"], n["tool"], n["index"]))
+        self.a_call = frozenset((n["tool"], n["index"]))
+        self.a_arg = frozenset((n["key"], n["type"]))
 
     def problem(self, el: Element | None, msg: str, kind: str, path: str = "") -> None:
         off = max(0, (el.offset if el is not None and el.offset >= 0 else 0) - self.shift)
@@ -43,9 +50,9 @@ class _Reader:
 
     # -- pieces ----------------------------------------------------------------
 
-    def attrs(self, el: Element, allowed: tuple[str, ...], path: str) -> dict[str, str]:
+    def attrs(self, el: Element, allowed: frozenset[str], path: str) -> dict[str, str]:
         out = dict(el.attrs)
-        if len(out) == len(el.attrs) and all(k in allowed for k in out):
+        if len(out) == len(el.attrs) and out.keys() <= allowed:
             return out
         out = {}
         for k, v in el.attrs:
@@ -127,7 +134,7 @@ class _Reader:
 
     def assistant(self, el: Element, pos: int, thinking: bool | None, path: str) -> dict[str, Any]:
         n = self.n
-        a = self.attrs(el, (n["role"], n["name"]), path)
+        a = self.attrs(el, self.a_msg, path)
         msg: dict[str, Any] = {"role": "assistant"}
         if a.get(n["name"]):
             msg["name"] = a[n["name"]]
@@ -181,7 +188,7 @@ class _Reader:
     def call(self, el: Element, pos: int, k: int, path: str) -> dict[str, Any]:
         n = self.n
         here = f"{path}/{n['call']}[{k}]"
-        a = self.attrs(el, (n["tool"], n["index"]), here)
+        a = self.attrs(el, self.a_call, here)
         name = a.get(n["tool"])
         if not name:
             self.problem(el, "a call without a tool name", "missing-attribute", here)
@@ -211,7 +218,7 @@ class _Reader:
 
     def argument(self, el: Element, path: str) -> tuple[str, Any]:
         n = self.n
-        a = self.attrs(el, (n["key"], n["type"]), path)
+        a = self.attrs(el, self.a_arg, path)
         key = a.get(n["key"])
         if key is None:
             self.problem(el, "an argument without a key", "missing-attribute", path)
@@ -276,7 +283,7 @@ class _Reader:
                 agp = True
                 continue
             if role == "system" and el.attr(n["type"]) is not None:
-                self.attrs(el, (n["role"], n["type"]), path)
+                self.attrs(el, self.a_internal, path)
                 hit = self.internal(el, el.attr(n["type"]) or "", path)
                 if hit is None:
                     continue
@@ -290,7 +297,7 @@ class _Reader:
                 tool_count = 0
                 continue
             if role == "tool":
-                a = self.attrs(el, (n["role"], n["tool"], n["index"]), path)
+                a = self.attrs(el, self.a_tool, path)
                 tool_count += 1
                 if a.get(n["index"]) != str(tool_count):
                     self.problem(el, f"tool result index {a.get(n['index'])!r}, expected {str(tool_count)!r}",
@@ -302,7 +309,7 @@ class _Reader:
                 msgs.append(tm)
                 continue
             if role in ("system", "user") or (role in d.roles and role not in ("assistant", "tool")):
-                a = self.attrs(el, (n["role"], n["name"]), path)
+                a = self.attrs(el, self.a_msg, path)
                 m: dict[str, Any] = {"role": role}
                 if a.get(n["name"]):
                     m["name"] = a[n["name"]]
