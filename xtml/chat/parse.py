@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ParseError
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
+from . import jsonfmt
 from .dialect import Dialect, SystemMessage
 from .render import call_id
 
@@ -213,7 +214,7 @@ class _Reader:
                     continue
                 else:
                     self.problem(el, "only arguments may stand in a call", "stray-content", here)
-            arguments = json.dumps(args, ensure_ascii=False)
+            arguments = jsonfmt.arguments(args)
         return {"id": call_id(pos, k), "type": "function", "function": {"name": name, "arguments": arguments}}
 
     def argument(self, el: Element, path: str) -> tuple[str, Any]:

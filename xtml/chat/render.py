@@ -7,11 +7,11 @@ in the tree and what the normal form says it means cannot disagree; parse
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..errors import MessageError, OptionError
 from ..markup.nodes import Element, Embed, EndOfMessage, Node, Text
+from . import jsonfmt
 from .dialect import Dialect
 from .request import Call, Image, Msg, Options, Part, deep_sort, json_compact, value_type
 
@@ -120,7 +120,7 @@ def _call(d: Dialect, c: Call, k: int, index: int) -> Element:
             text = value
         else:
             try:
-                text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+                text = jsonfmt.value(value)
             except (TypeError, ValueError) as e:
                 raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
                                    path=f"tool_calls[{k - 1}].function.arguments") from None
@@ -148,7 +148,7 @@ def content_value(parts: list[Part]) -> str | list[dict[str, Any]]:
 def arguments_json(c: Call) -> str:
     if c.args is None:
         return c.raw or ""
-    return json.dumps(dict(c.args), ensure_ascii=False)
+    return jsonfmt.arguments(dict(c.args))
 
 
 def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError
+from . import jsonfmt
 from .dialect import Dialect
 
 OPTION_NAMES = (
@@ -120,7 +121,7 @@ def json_compact(value: Any, where: str) -> str:
     """Compact JSON with every object's keys sorted, as K3 writes schemas.
     (``sort_keys`` sorts recursively, like :func:`deep_sort`, but in C.)"""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, sort_keys=True)
+        return jsonfmt.compact(value)
     except (TypeError, ValueError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
 
@@ -339,7 +340,7 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
     for i, m in enumerate(raw_messages):
         if not _is_map(m):
             raise MessageError(f"a message must be an object, not {type(m).__name__}", index=i)
-        for k, v in m.items():
+        for k, v in () if m.keys() <= MESSAGE_KEYS else m.items():
             if k in MESSAGE_KEYS:
                 continue
             if k in EMPTY_OK_KEYS and not v:
