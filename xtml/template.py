@@ -170,6 +170,9 @@ class Template:
         else:
             binding = self.bind(tokenizer)
             ids: list[int] = list(data)  # type: ignore[arg-type]
+            if not completion:
+                doc = binding.document(ids, lenient=lenient)
+                return parse_conversation(self.dialect, doc, lenient=lenient)
             if completion:
                 prefix_ids = binding.encode(self._prompt_nodes(on))
                 shift = len(prefix_ids)

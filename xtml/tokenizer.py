@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from .errors import ParseError, TokenizerError
 from .markup.markers import CLOSE, EMBED_MARK, OPEN, TEXT, Markers
 from .markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from .markup.parse import Lexemes, lex_ids
+from .markup.parse import Lexemes, build, build_ids_fast, lex_ids
 from .markup.segments import Segment, close_tag, open_tag
 
 __all__ = ["Binding", "Vocabulary", "load_tokenizer"]
@@ -167,6 +167,7 @@ class Binding:
         self._close: dict[str, list[int]] = {}
         self._stable: dict[str, list[int]] = {}
         self._headers: dict[str, str] = {}
+        self._tags: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
 
     # -- segments → ids ------------------------------------------------------
 
@@ -266,18 +267,21 @@ class Binding:
 
     # -- ids → lexemes -------------------------------------------------------
 
-    def lex(self, ids: Sequence[int]) -> Lexemes:
-        """Lexemes of token ids: marker ids become terminals, runs of
-        ordinary ids TEXT (decoded; header runs through a cache)."""
+    def _check_ids(self, ids: Sequence[int]) -> None:
         if ids:
-            # Negative or non-integer ids fail in lex_ids' packing and are
-            # caught below; only the upper bound needs a check of its own.
+            # Negative or non-integer ids fail when the lexers pack the ids
+            # and are caught there; only the upper bound needs its own check.
             try:
                 ok = max(ids) < self.vocab.size
             except TypeError:
                 ok = False
             if not ok:
                 self._bad_id(ids)
+
+    def lex(self, ids: Sequence[int]) -> Lexemes:
+        """Lexemes of token ids: marker ids become terminals, runs of
+        ordinary ids TEXT (decoded; header runs through a cache)."""
+        self._check_ids(ids)
         if len(self._headers) > _CACHE_LIMIT:
             self._headers.clear()
         try:
@@ -287,6 +291,20 @@ class Binding:
         if self.text_marks:
             lx = _split_text_marks(lx, self.text_marks)
         return lx
+
+    def document(self, ids: Sequence[int], *, lenient: bool = False) -> Document:
+        """The markup tree of token ids: the one-pass fast path for
+        well-formed input, else the general lexer and driver."""
+        self._check_ids(ids)
+        if len(self._tags) > _CACHE_LIMIT:
+            self._tags.clear()
+        try:
+            doc = build_ids_fast(ids, self.kind_of_id, self.vocab.decode_batch, self._tags)
+        except (TypeError, ValueError, OverflowError):
+            self._bad_id(ids)
+        if doc is not None and not self.text_marks:
+            return doc
+        return build(self.lex(ids), lenient=lenient)
 
     def _bad_id(self, ids: Sequence[int]) -> NoReturn:
         for i, t in enumerate(ids):

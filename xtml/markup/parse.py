@@ -393,3 +393,140 @@ def line_col(text: str) -> Callable[[int], tuple[int, int]]:
         return line, col
 
     return at
+
+
+class _Bail(Exception):
+    """The fast path met something only the general driver handles."""
+
+
+_tag_patterns: dict[tuple[int, ...], re.Pattern[str]] = {}
+
+
+def _tag_pattern(marker_kinds: dict[int, tuple[str, str]]) -> re.Pattern[str] | None:
+    """Over ids-as-characters: a whole open tag (group 1 = header), a whole
+    close tag (group 2), the end marker, or any other marker (group 3)."""
+    by_kind: dict[str, list[int]] = {}
+    for i, (kind, _) in marker_kinds.items():
+        by_kind.setdefault(kind, []).append(i)
+    if any(len(by_kind.get(k, ())) != 1 for k in (OPEN, CLOSE, SEP, END)) or max(marker_kinds) > 0x10FFFF:
+        return None
+    o, c, s, e = (re.escape(chr(by_kind[k][0])) for k in (OPEN, CLOSE, SEP, END))
+    key = tuple(sorted(marker_kinds))
+    pat = _tag_patterns.get(key)
+    if pat is None:
+        every = "".join(re.escape(chr(i)) for i in key)
+        pat = re.compile(f"{o}([^{every}]*){s}|{c}([^{every}]*){s}|{e}|([{every}])")
+        _tag_patterns[key] = pat
+    return pat
+
+
+def build_ids_fast(
+    ids: Sequence[int],
+    marker_kinds: dict[int, tuple[str, str]],
+    decode_batch: Callable[[list[Sequence[int]]], list[str]],
+    header_cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]],
+    max_depth: int = MAX_DEPTH,
+) -> Document | None:
+    """The tree of well-formed ids in one pass, or None.
+
+    A fast path for the common case: whole tags are matched by one regular
+    expression and their headers come from a cache keyed by their ids, so
+    tags are neither decoded nor re-parsed. On anything unusual (an error, an
+    embed span) it returns None and the caller runs the general lexer and
+    driver, which report errors and repairs. Tests check the two agree.
+    """
+    pat = _tag_pattern(marker_kinds)
+    if pat is None or not ids:
+        return None
+    try:
+        as_text = array(_U32, ids).tobytes().decode("utf-32-le" if _LE else "utf-32-be", "surrogatepass")
+    except (OverflowError, UnicodeDecodeError, TypeError):
+        return None
+    try:
+        return _fast(ids, as_text, pat, marker_kinds, decode_batch, header_cache, max_depth)
+    except _Bail:
+        return None
+
+
+def _fast(
+    ids: Sequence[int],
+    as_text: str,
+    pat: re.Pattern[str],
+    marker_kinds: dict[int, tuple[str, str]],
+    decode_batch: Callable[[list[Sequence[int]]], list[str]],
+    cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]],
+    max_depth: int,
+) -> Document:
+    top: list[Node] = []
+    stack: list[_Open] = []
+    runs: list[Sequence[int]] = []
+    holes: list[Text] = []
+    need_end = False
+    pos = 0
+    end = EndOfMessage()
+    for m in pat.finditer(as_text):
+        a = m.start()
+        if a > pos:
+            if not stack:
+                raise _Bail
+            t = Text("")
+            stack[-1].children.append(t)
+            holes.append(t)
+            runs.append(ids[pos:a])
+        g = m.lastindex
+        if g == 1 or g == 2:
+            key = m.group(g)
+            hdr = cache.get(key)
+            if hdr is None:
+                b, e = m.span(g)
+                parsed = parse_header(decode_batch([ids[b:e]])[0]) if e > b else None
+                if parsed is None:
+                    raise _Bail
+                hdr = cache[key] = parsed
+            if g == 1:
+                if need_end or len(stack) >= max_depth:
+                    raise _Bail
+                stack.append(_Open(hdr[0], hdr[1], a))
+            else:
+                if hdr[1] or not stack or stack[-1].tag != hdr[0]:
+                    raise _Bail
+                o = stack.pop()
+                el = Element(o.tag, o.attrs, tuple(o.children), offset=o.offset)
+                if stack:
+                    stack[-1].children.append(el)
+                else:
+                    top.append(el)
+                    need_end = True
+        elif g is None:
+            if stack or not need_end:
+                raise _Bail
+            top.append(end)
+            need_end = False
+        else:
+            kind, marker = marker_kinds[ids[a]]
+            if kind != EMBED_MARK or not stack:
+                raise _Bail
+            stack[-1].children.append(Embed(marker))
+        pos = m.end()
+    if pos < len(ids):
+        if not stack:
+            raise _Bail
+        t = Text("")
+        stack[-1].children.append(t)
+        holes.append(t)
+        runs.append(ids[pos:])
+    if need_end:
+        raise _Bail
+    if stack:
+        if any(o.children for o in stack):
+            raise _Bail
+        node: Element | None = None
+        while stack:
+            o = stack.pop()
+            node = Element(o.tag, o.attrs, (node,) if node is not None else (), closed=False, offset=o.offset)
+        assert node is not None
+        top.append(node)
+    if runs:
+        for t, s in zip(holes, decode_batch(runs)):
+            t.text = s
+    return Document(tuple(top))
