@@ -83,6 +83,7 @@ _piece = st.one_of(
 )
 
 
+@cache
 def adversarial_text(*, max_pieces: int = 6, allow_long: bool = True) -> st.SearchStrategy[str]:
     """Text for any field: mostly concatenations of nasty pieces."""
     options = [
@@ -95,6 +96,7 @@ def adversarial_text(*, max_pieces: int = 6, allow_long: bool = True) -> st.Sear
     return st.one_of(options[0], *options)  # concatenations twice as likely
 
 
+@cache
 def nonempty_text() -> st.SearchStrategy[str]:
     return adversarial_text().filter(bool)
 
@@ -110,6 +112,7 @@ _json_leaf = st.one_of(
 )
 
 
+@cache
 def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     return st.recursive(
         _json_leaf,
@@ -121,10 +124,12 @@ def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     )
 
 
+@cache
 def json_objects() -> st.SearchStrategy[dict[str, Any]]:
     return st.dictionaries(adversarial_text(max_pieces=3, allow_long=False), json_values(), max_size=4)
 
 
+@cache
 def tool_schemas() -> st.SearchStrategy[dict[str, Any]]:
     return st.builds(
         lambda name, desc, params: {"type": "function",
@@ -133,12 +138,14 @@ def tool_schemas() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+@cache
 def tool_lists() -> st.SearchStrategy[list[Any]]:
     return st.lists(st.one_of(tool_schemas(), json_values(4)), min_size=1, max_size=3)
 
 
 # -- content ---------------------------------------------------------------------
 
+@cache
 def _image_part() -> st.SearchStrategy[dict[str, Any]]:
     return st.sampled_from([
         {"type": "image"},
@@ -147,6 +154,7 @@ def _image_part() -> st.SearchStrategy[dict[str, Any]]:
     ])
 
 
+@cache
 def contents(*, images: bool = True, none_ok: bool = True) -> st.SearchStrategy[Any]:
     part = st.one_of(
         st.builds(lambda t: {"type": "text", "text": t}, adversarial_text()),
@@ -199,6 +207,7 @@ def _non_json(s: str) -> str:
     return s if isinstance(v, dict) else "~" + s
 
 
+@cache
 def arguments() -> st.SearchStrategy[Any]:
     return st.one_of(
         json_objects(),
@@ -210,8 +219,12 @@ def arguments() -> st.SearchStrategy[Any]:
     )
 
 
+_call_ids = st.one_of(st.sampled_from(["c1", "c2", "call_0_1", "call_1_1", "call_1_2"]),
+                      adversarial_text(max_pieces=2, allow_long=False))
+
+
 @st.composite
-def tool_calls(draw: st.DrawFn, ids: list[str]) -> dict[str, Any]:
+def _tool_call(draw: st.DrawFn) -> dict[str, Any]:
     name = draw(nonempty_text())
     args = draw(arguments())
     fn: dict[str, Any] = {"name": name}
@@ -222,10 +235,11 @@ def tool_calls(draw: st.DrawFn, ids: list[str]) -> dict[str, Any]:
     else:
         call = {"type": "function", "function": fn}
     if draw(st.integers(0, 3)) > 0:
-        cid = draw(st.one_of(st.sampled_from(["c1", "c2", "call_0_1", "call_1_1"]), adversarial_text(max_pieces=2)))
-        call["id"] = cid
-        ids.append(cid)
+        call["id"] = draw(_call_ids)
     return call
+
+
+tool_calls = _tool_call()
 
 
 # -- messages and requests -------------------------------------------------------
@@ -240,37 +254,51 @@ def assistant_messages(draw: st.DrawFn, *, images: bool = True, name: bool = Tru
         key = draw(st.sampled_from(["reasoning_content", "reasoning_content", "reasoning", "thinking"]))
         m[key] = draw(adversarial_text())
     if draw(st.booleans()):
-        ids: list[str] = []
-        m["tool_calls"] = draw(st.lists(tool_calls(ids), max_size=3))
+        m["tool_calls"] = draw(st.lists(tool_calls, max_size=3))
     if name and draw(st.integers(0, 4)) == 0:
         m["name"] = draw(adversarial_text())
     return m
 
 
 @st.composite
+def _tool_result(draw: st.DrawFn, call_ids: list[Any], images: bool) -> dict[str, Any]:
+    m: dict[str, Any] = {"role": "tool", "content": draw(contents(images=images, none_ok=False))}
+    if call_ids and draw(st.integers(0, 3)) > 0:
+        m["tool_call_id"] = draw(st.sampled_from(call_ids))
+    elif draw(st.integers(0, 3)) == 0:
+        m["tool_call_id"] = draw(_call_ids)
+    how = draw(st.sampled_from(["none", "name", "name", "tool"]))
+    if how != "none":
+        m[how] = draw(adversarial_text())
+    return m
+
+
+@st.composite
 def _messages(draw: st.DrawFn, images: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    call_ids: list[str] = []
-    for _ in range(draw(st.integers(0, 6))):
+    call_ids: list[Any] = []
+    for _ in range(draw(st.integers(0, 5))):
         kind = draw(st.sampled_from(
-            ["system", "developer", "user", "user", "assistant", "assistant", "tool", "tool", "tools"]))
+            ["system", "developer", "user", "user", "assistant", "round", "round", "tool", "tools"]))
         if kind == "tools":
             m: dict[str, Any] = {"role": "system", "tools": draw(tool_lists())}
             c = draw(st.sampled_from(["absent", "", None, [], [{"type": "text", "text": ""}]]))
             if c != "absent":
                 m["content"] = c
-        elif kind == "assistant":
+        elif kind in ("assistant", "round"):
             m = draw(assistant_messages(images=images))
-            call_ids = [c.get("id") for c in m.get("tool_calls", ()) if c.get("id") is not None]
+            if kind == "round" and not m.get("tool_calls"):
+                m["tool_calls"] = draw(st.lists(tool_calls, min_size=1, max_size=3))
+            call_ids = [c["id"] for c in m.get("tool_calls", ()) if c.get("id") is not None]
+            if kind == "round":
+                # The calls' results, in any order, matched by id or not.
+                n = len(m["tool_calls"])
+                run = [draw(_tool_result(call_ids, images)) for _ in range(draw(st.integers(1, n + 1)))]
+                out.append(m)
+                out.extend(draw(st.permutations(run)))
+                continue
         elif kind == "tool":
-            m = {"role": "tool", "content": draw(contents(images=images, none_ok=False))}
-            if call_ids and draw(st.integers(0, 3)) > 0:
-                m["tool_call_id"] = draw(st.sampled_from(call_ids))
-            elif draw(st.integers(0, 3)) == 0:
-                m["tool_call_id"] = draw(adversarial_text(max_pieces=2))
-            how = draw(st.sampled_from(["none", "name", "tool"]))
-            if how != "none":
-                m[how] = draw(adversarial_text())
+            m = draw(_tool_result(call_ids, images))
         else:
             m = {"role": kind, "content": draw(contents(images=images, none_ok=False))}
             if draw(st.integers(0, 3)) == 0:
@@ -379,6 +407,7 @@ _junk_key = st.one_of(
 )
 
 
+@cache
 def junk(max_leaves: int = 30) -> st.SearchStrategy[Any]:
     """Arbitrary JSON-ish values with keys that resemble a request's."""
     return st.recursive(
@@ -416,6 +445,7 @@ def junk_requests(draw: st.DrawFn) -> Any:
     return body
 
 
+@cache
 def marker_soup() -> st.SearchStrategy[str]:
     """Text made of marker literals and bits of headers and bodies."""
     piece = st.one_of(
@@ -447,11 +477,13 @@ TAGS = ("message", "think", "a", "b", "x.y", "_z-1:2")
 KEYS = ("role", "k", "type", "a_b")
 
 
+@cache
 def _attr_values() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(["", "x", "a b", '"', "&", "&amp;", "&quot;", "=\"", "\n"]),
                      st.text(max_size=4))
 
 
+@cache
 def _text_nodes() -> st.SearchStrategy[Text]:
     return st.builds(Text, st.one_of(st.sampled_from(["a", "b", " ", "hello\n", 'b role="x"', "message"]),
                                      st.text(min_size=1, max_size=5)))
@@ -473,6 +505,7 @@ def _elements(children: st.SearchStrategy[tuple[Node, ...]]) -> st.SearchStrateg
     )
 
 
+@cache
 def trees() -> st.SearchStrategy[Element]:
     return st.recursive(
         _elements(st.just(())),
@@ -495,3 +528,22 @@ def documents(draw: st.DrawFn) -> list[Node]:
     if node is not None:
         nodes.append(node)
     return nodes
+
+
+# -- Python values that are not quite JSON ------------------------------------------
+
+_py_key = st.one_of(st.text(max_size=3), st.integers(-3, 3), st.booleans(), st.none(),
+                    st.floats(allow_nan=False, allow_infinity=False, width=16))
+
+
+@cache
+def python_values() -> st.SearchStrategy[Any]:
+    """JSON-like Python values: dict keys of any scalar type, tuples, NaN, sets."""
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(width=16), st.text(max_size=3),
+                     st.just(b"x"), st.just({1, 2}))
+    return st.recursive(
+        leaf,
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+                                st.dictionaries(_py_key, inner, max_size=3)),
+        max_leaves=8,
+    )

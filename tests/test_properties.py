@@ -7,6 +7,10 @@
 5. (grammar equivalence is in test_grammar_equivalence.py);
 6. completion parses of generated assistant messages, whole and truncated.
 
+Also: cached vs segment-wise encoding, error and diagnostic offsets, Python
+values json would convert silently, and message fields that a role cannot
+carry (refused, never dropped).
+
 Profiles (``ci``, ``fuzz``) come from conftest.py; HYPOTHESIS_PROFILE=fuzz runs longer.
 """
 
@@ -18,7 +22,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, event, example, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import xtml
@@ -34,13 +38,13 @@ from tests.strategies import (
     junk_requests,
     marker_ids,
     marker_soup,
+    python_values,
     requests,
     vocab,
 )
 
 k3 = K3
 SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-OPTION_KEYS = ("image_prompts",)
 
 
 def _encode(body: dict[str, Any], kwargs: dict[str, Any]) -> list[int]:
@@ -84,6 +88,15 @@ def test_round_trip_text_when_unambiguous(req: tuple[dict[str, Any], dict[str, A
 
 # -- 2. re-render stability ----------------------------------------------------------
 
+def test_normal_form_keeps_tool_result_names() -> None:
+    """Minimal case of test_rerender_is_stable: a tool result named unlike the
+    call at its position (and not matched by id)."""
+    req = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+           {"role": "tool", "name": "g", "content": "r"}]
+    normal = k3.normalize(req)
+    assert normal["messages"][1]["name"] == "g"
+    assert k3.render(normal).text == k3.render(req).text
+
 @SLOW
 @given(requests())
 def test_rerender_is_stable(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
@@ -111,6 +124,15 @@ def test_marker_ids_come_only_from_special_segments(req: tuple[dict[str, Any], d
         assert counts[mid] == expected, f"{s!r}: {counts[mid]} ids, {expected} in special segments"
 
 
+@SLOW
+@given(requests())
+def test_cached_encode_equals_segmentwise_encoding(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """Binding.encode (caches, one batch) gives the ids of encoding each segment on its own."""
+    body, kwargs = req
+    b = k3.bind(vocab())
+    assert _encode(body, kwargs) == b.encode_segments(k3.render(body, **kwargs).segments)
+
+
 def _without_image_prompts(body: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     body = {k: v for k, v in body.items() if k != "image_prompts"}
     if "chat_template_kwargs" in body:
@@ -130,10 +152,13 @@ def test_marker_literal_in_content_adds_no_marker_id(
     body, kwargs = _without_image_prompts(*req)
 
     def with_content(content: str) -> list[int]:
-        msg: dict[str, Any] = {"role": role, "content": content}
+        msgs: list[dict[str, Any]] = [{"role": role, "content": content}]
         if role == "tool":
-            msg["name"] = "t"
-        b = dict(body, messages=[*body["messages"], msg])
+            # Named, and not in the run of the last assistant's results (a run
+            # with an unmatched message is not reordered, which could make the
+            # base request invalid).
+            msgs = [{"role": "user", "content": "-"}, {**msgs[0], "name": "t"}]
+        b = dict(body, messages=[*body["messages"], *msgs])
         return _encode(b, kwargs)
 
     assert _marker_counts(with_content(literal)) == _marker_counts(with_content("x"))
@@ -157,7 +182,8 @@ def _lenient(data: Any, **kw: Any) -> dict[str, Any]:
     assert isinstance(diags, list)
     for d in diags:
         assert set(d) == {"kind", "offset", "message"}
-        assert isinstance(d["offset"], int) and d["offset"] >= 0
+        assert isinstance(d["offset"], int)
+        assert 0 <= d["offset"] <= len(data), f"diagnostic offset outside the input ({len(data)}): {d}"
     return out
 
 
@@ -180,6 +206,17 @@ def test_random_text_never_crashes(text: str, thinking: bool | None) -> None:
     _lenient(text)
     _strict(text, completion=True, thinking=thinking)
     assert _lenient(text, completion=True, thinking=thinking)["role"] == "assistant"
+
+
+@SLOW
+@given(st.one_of(id_lists(), marker_soup()), st.booleans(), st.sampled_from([None, True, False]))
+def test_error_offsets_are_inside_the_input(data: list[int] | str, completion: bool, thinking: bool | None) -> None:
+    """A ParseError's offset indexes the input as given (for a completion, not
+    the generation prompt put in front of it)."""
+    try:
+        k3.parse(data, vocab() if isinstance(data, list) else None, completion=completion, thinking=thinking)
+    except xtml.ParseError as e:
+        assert 0 <= e.offset <= len(data), f"offset {e.offset} outside the input of length {len(data)}: {e}"
 
 
 @SLOW
@@ -230,6 +267,26 @@ def test_render_near_valid_junk_raises_only_xtml_errors(request: Any) -> None:
     _render_only_xtml_errors(request)
 
 
+@SLOW
+@given(python_values(), st.sampled_from(["tools", "dynamic", "schema"]))
+def test_python_values_in_json_fields_round_trip_or_are_refused(value: Any, where: str) -> None:
+    """Tool lists and schemas are kept as objects in the normal form: what
+    json cannot carry as given (non-string keys, sets, NaN) must be refused,
+    not converted behind normalize's back."""
+    if where == "tools":
+        req: dict[str, Any] = {"messages": [], "tools": [value]}
+    elif where == "dynamic":
+        req = {"messages": [{"role": "system", "tools": [value]}]}
+    else:
+        req = {"messages": [], "response_format": {"type": "json_schema", "json_schema": {"schema": value}}}
+    try:
+        expected = k3.normalize(req)
+        ids = _encode(req, {})
+    except xtml.XtmlError:
+        return
+    assert k3.parse(ids, vocab()) == expected
+
+
 # -- 6. completions ------------------------------------------------------------------
 
 CONV = [{"role": "user", "content": "hi"}]
@@ -239,10 +296,10 @@ def _completion_case(m: dict[str, Any], thinking: bool, tools: bool) -> tuple[li
     extra: dict[str, Any] = {"thinking": thinking}
     if tools:
         extra["tools"] = [{"type": "function", "function": {"name": "f"}}]
-    full = k3.encode(CONV + [m], vocab(), add_generation_prompt=False, **extra)
+    full = k3.encode([*CONV, m], vocab(), add_generation_prompt=False, **extra)
     prefix = k3.encode(CONV, vocab(), add_generation_prompt=True, **extra)
     assert full[: len(prefix)] == prefix, "the generation prompt is not a prefix of the rendered message"
-    expected = k3.normalize(CONV + [m], add_generation_prompt=False, **extra)["messages"][-1]
+    expected = k3.normalize([*CONV, m], add_generation_prompt=False, **extra)["messages"][-1]
     # A completion is read on its own: its calls are numbered as message 0.
     for k, c in enumerate(expected.get("tool_calls", ()), start=1):
         assert c["id"] == f"call_{len(CONV)}_{k}"
@@ -261,13 +318,18 @@ def test_completion_parse(m: dict[str, Any], thinking: bool, tools: bool) -> Non
         lenient = k3.parse(ids, vocab(), completion=True, thinking=thinking, lenient=True)
         assert lenient.pop("diagnostics") == []
         assert lenient == expected
+    # The text form reads the same where no body text holds a marker literal.
+    text = vocab().decode(comp)
+    if sum(text.count(s) for s in MARKERS) == sum(_marker_counts(comp).values()):
+        event("completion text form checked")
+        assert k3.parse(text, completion=True, thinking=thinking) == expected
 
 
 @SLOW
 @given(assistant_messages(images=False, name=False), st.booleans(), st.data())
 def test_truncated_completion(m: dict[str, Any], thinking: bool, data: st.DataObject) -> None:
     comp, expected = _completion_case(m, thinking, False)
-    cut = data.draw(st.integers(0, len(comp)), label="cut")
+    cut = data.draw(st.integers(1, len(comp)), label="cut")  # cut 0: test_empty_completion_is_flagged
     ids = comp[:cut]
     out = k3.parse(ids, vocab(), completion=True, thinking=thinking, lenient=True)
     assert out["role"] == "assistant"
@@ -279,6 +341,16 @@ def test_truncated_completion(m: dict[str, Any], thinking: bool, data: st.DataOb
         assert out["diagnostics"], "a completion cut before its message closed has no diagnostic"
         with pytest.raises(xtml.ParseError):
             k3.parse(ids, vocab(), completion=True, thinking=thinking)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_empty_completion_is_flagged(thinking: bool) -> None:
+    """A generation that produced nothing (cut at 0) is a truncated message too."""
+    out = k3.parse([], vocab(), completion=True, thinking=thinking, lenient=True)
+    assert out["role"] == "assistant"
+    assert out["diagnostics"], f"empty completion parsed leniently without a diagnostic: {out}"
+    with pytest.raises(xtml.ParseError):
+        k3.parse([], vocab(), completion=True, thinking=thinking)
 
 
 @SLOW
@@ -297,3 +369,31 @@ def test_truncated_completion_keeps_what_was_complete(m: dict[str, Any], thinkin
             assert full.startswith(got.rstrip("\ufffd")), key
     got_calls = out.get("tool_calls", [])
     assert len(got_calls) <= len(expected.get("tool_calls", []))
+
+
+# -- nothing is dropped silently (spec §7) -----------------------------------------
+
+def _silent_drop_cases() -> list[tuple[str, dict[str, Any]]]:
+    v = "KEEP-ME"
+    tool = [{"type": "function", "function": {"name": v}}]
+    return [
+        ("reasoning_content on user", {"role": "user", "content": "hi", "reasoning_content": v}),
+        ("reasoning on system", {"role": "system", "content": "hi", "reasoning": v}),
+        ("thinking on tool", {"role": "tool", "name": "t", "content": "hi", "thinking": v}),
+        ("tools on user", {"role": "user", "content": "hi", "tools": tool}),
+        ("tools on assistant", {"role": "assistant", "content": "hi", "tools": tool}),
+        ("tools on tool", {"role": "tool", "name": "t", "content": "hi", "tools": tool}),
+        ("tool on user", {"role": "user", "content": "hi", "tool": v}),
+        ("name on a tool declaration", {"role": "system", "tools": [{"name": "f"}], "name": v}),
+    ]
+
+
+@pytest.mark.parametrize("case", _silent_drop_cases(), ids=lambda c: c[0])
+def test_fields_that_cannot_render_are_refused(case: tuple[str, dict[str, Any]]) -> None:
+    """A message field with content either reaches the tokens or is refused."""
+    _, msg = case
+    try:
+        normal = k3.normalize([msg], thinking=True)
+    except xtml.XtmlError:
+        return
+    assert "KEEP-ME" in json.dumps(normal, ensure_ascii=False), f"dropped silently: {msg}"

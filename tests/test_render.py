@@ -90,7 +90,7 @@ BAD: list[tuple[Any, dict[str, Any], type[xtml.XtmlError], str]] = [
     ([{"role": "user", "content": [{"type": "text"}]}], {}, xtml.MessageError, "needs 'text'"),
     ([{"role": "user", "content": [{"type": "input_audio"}]}], {}, xtml.MessageError, "not supported"),
     ([{"role": "user", "content": "x", "colour": "red"}], {}, xtml.MessageError, "unknown message field"),
-    ([{"role": "user", "content": "x", "tool_calls": [{}]}], {}, xtml.MessageError, "only assistant"),
+    ([{"role": "user", "content": "x", "tool_calls": [{}]}], {}, xtml.MessageError, "user message cannot carry"),
     ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}], {}, xtml.MessageError,
      "needs a function name"),
     ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"x": float("nan")}}}]}], {},
@@ -100,7 +100,8 @@ BAD: list[tuple[Any, dict[str, Any], type[xtml.XtmlError], str]] = [
     ([{"role": "system", "content": "hidden", "tools": [{"type": "function"}]}], {}, xtml.MessageError,
      "renders only the declaration"),
     ([{"role": "user", "name": 3, "content": "x"}], {}, xtml.MessageError, "name must be a string"),
-    ([{"role": "assistant", "content": "", "refusal": "I can't"}], {}, xtml.MessageError, "cannot be rendered"),
+    ([{"role": "assistant", "content": "", "refusal": "no"}], {}, xtml.MessageError, "cannot be rendered"),
+    ([{"role": "user", "content": "x", "reasoning_content": "r"}], {}, xtml.MessageError, "cannot carry"),
 ]
 
 

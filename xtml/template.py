@@ -204,13 +204,15 @@ def _end_if_closed(lx: Lexemes, message_tag: str) -> None:
 
 
 def _relocate(e: ParseError, shift: int, line_of: Any) -> ParseError:
-    off = max(0, e.offset - shift) if shift and e.line is None else e.offset
-    if line_of is not None and e.line is None:
+    """Offsets relative to the caller's input (not the generation prompt
+    prepended to a completion), with line and column for text."""
+    if not shift and (line_of is None or e.line is not None):
+        return e
+    off = max(0, e.offset - shift)
+    if line_of is not None:
         line, col = line_of(e.offset)
-        return ParseError(e.msg.split(" (at ")[0], offset=off, line=line, column=col, path=e.path)
-    if off != e.offset:
-        return ParseError(e.msg, offset=off, path=e.path)
-    return e
+        return ParseError(e.msg, offset=off, line=line, column=col, path=e.path)
+    return ParseError(e.msg, offset=off, path=e.path)
 
 
 _cache: dict[str, Template] = {}

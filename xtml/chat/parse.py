@@ -27,12 +27,11 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 
 
 class _Reader:
-    def __init__(self, d: Dialect, lenient: bool, shift: int = 0) -> None:
+    def __init__(self, d: Dialect, lenient: bool) -> None:
         self.d = d
         self.n = d.names
         self.lenient = lenient
         self.diags: list[Diagnostic] = []
-        self.shift = shift
         self.image_prompts: list[str] = []
         self.placeholders = 0
         n = self.n
@@ -44,7 +43,7 @@ class _Reader:
         self.a_arg = frozenset((n["key"], n["type"]))
 
     def problem(self, el: Element | None, msg: str, kind: str, path: str = "") -> None:
-        off = max(0, (el.offset if el is not None and el.offset >= 0 else 0) - self.shift)
+        off = el.offset if el is not None and el.offset >= 0 else 0
         if not self.lenient:
             raise ParseError(msg, offset=off, path=path)
         self.diags.append(Diagnostic(kind, off, f"{msg} (in {path})" if path else msg))
@@ -305,7 +304,9 @@ class _Reader:
                                  "bad-index", path)
                 tm: dict[str, Any] = {"role": "tool", "name": a.get(n["tool"], "")}
                 if prior_pos is not None and tool_count <= prior_calls:
-                    tm["tool_call_id"] = call_id(prior_pos, tool_count)
+                    call = msgs[prior_pos]["tool_calls"][tool_count - 1]
+                    if call["function"]["name"] == tm["name"]:
+                        tm["tool_call_id"] = call_id(prior_pos, tool_count)
                 tm["content"] = self.content(el, path)
                 msgs.append(tm)
                 continue
@@ -372,7 +373,7 @@ class _Reader:
             once("response_format",
                  {"type": "json_schema", "json_schema": {"schema": load(values["schema"], "schema")}})
 
-    def completion(self, doc: Document, thinking: bool) -> dict[str, Any]:
+    def completion(self, doc: Document, thinking: bool, truncated_already: bool) -> dict[str, Any]:
         """The last message of a document made of the generation prompt and
         what the model wrote after it."""
         n = self.n
@@ -384,6 +385,9 @@ class _Reader:
         if len(elements) > 1:
             self.problem(elements[1], "output continues after the end of the message", "trailing-output")
             el = elements[0]
+        if not el.closed and truncated_already is False:
+            # Only the generation prompt, with nothing after it.
+            self.problem(None, "the completion is empty", "truncated")
         return self.assistant(el, 0, thinking, n["message"])
 
 
@@ -396,12 +400,14 @@ def parse_conversation(d: Dialect, doc: Document, *, lenient: bool) -> tuple[dic
 def parse_completion(
     d: Dialect, doc: Document, *, thinking: bool, lenient: bool, shift: int
 ) -> tuple[dict[str, Any], list[Diagnostic]]:
-    r = _Reader(d, lenient, shift)
-    msg = r.completion(doc, thinking)
+    r = _Reader(d, lenient)
+    msg = r.completion(doc, thinking, any(x.kind == "truncated" for x in doc.diagnostics))
     if r.image_prompts:
         msg["image_prompts"] = r.image_prompts
-    diags = [Diagnostic(x.kind, max(0, x.offset - shift), x.message) for x in doc.diagnostics]
-    return msg, diags + r.diags
+    # Offsets count from the start of the completion, not of the prompt
+    # prepended to it.
+    diags = [Diagnostic(x.kind, max(0, x.offset - shift), x.message) for x in [*doc.diagnostics, *r.diags]]
+    return msg, diags
 
 
 __all__ = ["EndOfMessage", "parse_completion", "parse_conversation"]

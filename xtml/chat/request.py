@@ -45,9 +45,31 @@ MESSAGE_KEYS = frozenset({
     "role", "content", "name", "reasoning_content", "reasoning", "thinking", "tool_calls", "tool_call_id",
     "tool", "tools", "id",
 })
-# Fields of assistant messages returned by APIs that carry nothing the prompt
-# shows; accepted when empty so responses can be sent back as history.
-EMPTY_OK_KEYS = frozenset({"refusal", "annotations", "audio", "function_call"})
+# What each role may carry. A field outside its role's set is accepted only
+# when empty (APIs return `"tool_calls": null`, `"refusal": null` and the
+# like); with a value it is an error, since rendering would drop it.
+ROLE_KEYS = {
+    "system": frozenset({"role", "content", "name", "tools", "id"}),
+    "user": frozenset({"role", "content", "name", "id"}),
+    "assistant": frozenset({"role", "content", "name", "reasoning_content", "reasoning", "thinking", "tool_calls",
+                            "id"}),
+    "tool": frozenset({"role", "content", "name", "tool", "tool_call_id", "id"}),
+}
+
+
+# Fields APIs put on returned messages, which a prompt has no place for.
+API_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call"})
+
+
+def _check_keys(m: Mapping[str, Any], role: str, allowed: frozenset[str], i: int) -> None:
+    for k, v in m.items():
+        if k in allowed or v is None or v == "" or v == [] or v == {}:
+            continue
+        if k in MESSAGE_KEYS:
+            raise MessageError(f"a {role} message cannot carry {k!r}; this template would drop it", index=i, path=k)
+        if k in API_FIELDS:
+            raise MessageError(f"field {k!r} cannot be rendered by this template", index=i, path=k)
+        raise MessageError(f"unknown message field {k!r}", index=i, path=k)
 
 
 @dataclass(slots=True)
@@ -115,6 +137,21 @@ def deep_sort(obj: Any, where: str = "tools") -> Any:
     if isinstance(obj, list | tuple):
         return [deep_sort(v, where) for v in obj]
     return obj
+
+
+def check_json_keys(obj: Any, where: str) -> None:
+    """Refuse objects whose keys are not strings: JSON would turn them into
+    strings silently, and parse could not give them back."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if _is_map(x):
+            for k, v in x.items():
+                if not isinstance(k, str):
+                    raise RequestError(f"JSON object keys must be strings, not {k!r}", location=where)
+                stack.append(v)
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
 
 
 def json_compact(value: Any, where: str) -> str:
@@ -209,6 +246,7 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
     if tools is not None:
         if not isinstance(tools, list | tuple):
             raise OptionError("tools must be a list of tool schemas", option="tools")
+        check_json_keys(tools, "tools")
         tools = list(tools) if tools else None
     return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools)
 
@@ -229,6 +267,7 @@ def _response_format(rf: Any) -> dict[str, Any] | None:
             raise OptionError("response_format json_schema needs a 'json_schema' object",
                               option="response_format")
         schema = js.get("schema", js.get("json_schema", js))
+        check_json_keys(schema, "response_format")
         return {"type": "json_schema", "json_schema": {"schema": schema}}
     raise OptionError(f"response_format type must be text, json_object or json_schema, not {t!r}",
                       option="response_format")
@@ -340,28 +379,21 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
     for i, m in enumerate(raw_messages):
         if not _is_map(m):
             raise MessageError(f"a message must be an object, not {type(m).__name__}", index=i)
-        for k, v in () if m.keys() <= MESSAGE_KEYS else m.items():
-            if k in MESSAGE_KEYS:
-                continue
-            if k in EMPTY_OK_KEYS and not v:
-                continue
-            if k in EMPTY_OK_KEYS:
-                raise MessageError(f"field {k!r} cannot be rendered by this template", index=i, path=k)
-            raise MessageError(f"unknown message field {k!r}", index=i, path=k)
         role = m.get("role")
         if not isinstance(role, str):
             raise MessageError("a message needs a 'role' string", index=i, path="role")
         role = d.role_aliases.get(role, role)
         if role not in d.roles:
             raise MessageError(f"role {m.get('role')!r} is not one of {', '.join(d.roles)}", index=i, path="role")
+        allowed = ROLE_KEYS.get(role, MESSAGE_KEYS)
+        if not m.keys() <= allowed:
+            _check_keys(m, role, allowed, i)
         msg = Msg(role, i)
         name = m.get("name")
         if name is not None and role != "tool":
             if not isinstance(name, str):
                 raise MessageError("name must be a string", index=i, path="name")
             msg.name = name or None
-        if m.get("tool_calls") and role != "assistant":
-            raise MessageError("only assistant messages carry tool_calls", index=i, path="tool_calls")
         if role == "system" and m.get("tools"):
             tools = m["tools"]
             if not isinstance(tools, list | tuple):
@@ -369,6 +401,9 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             if _content(d, m.get("content"), i, False):
                 raise MessageError("a system message that declares tools renders only the declaration; "
                                    "move its content to a message of its own", index=i, path="content")
+            if m.get("name"):
+                raise MessageError("a system message that declares tools renders no name", index=i, path="name")
+            check_json_keys(tools, f"messages[{i}].tools")
             msg.tools = list(tools)
             msgs.append(msg)
             continue
@@ -458,5 +493,9 @@ def resolve_tool_results(msgs: list[Msg]) -> list[Msg]:
                 raise MessageError("tool message needs a resolvable tool name: give 'tool_call_id', "
                                    "'name' or 'tool'", index=m.index, path="name")
             if has_call:
-                m.call_ref = (prior_pos, count)
+                assert prior is not None
+                # Linked only when the names agree: rendering a link makes the
+                # call's name win, so a link to another name would rename it.
+                if prior.calls[count - 1].name == m.name:
+                    m.call_ref = (prior_pos, count)
     return ordered
