@@ -330,10 +330,8 @@ class Binding:
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         if ids:
-            # Negative or non-integer ids fail when the lexers pack the ids
-            # and are caught there; only the upper bound needs its own check.
             try:
-                ok = max(ids) < self.vocab.size
+                ok = max(ids) < self.vocab.size and min(ids) >= 0
             except TypeError:
                 ok = False
             if not ok:

@@ -65,12 +65,12 @@ def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
         out.append(end)
 
     if o.tools:
-        internal("tool-declare", tools=json_compact(o.tools, "tools"))
+        internal("tool-declare", tools=o.tools_json)
     if o.thinking:
         internal("thinking-effort", effort=o.effort)
     for m in msgs:
         if m.tools is not None:
-            internal("tool-declare-dynamic", tools=json_compact(m.tools, f"messages[{m.index}].tools"))
+            internal("tool-declare-dynamic", tools=m.tools_json)
             continue
         if m.role == "tool":
             attrs: tuple[tuple[str, str], ...] = (

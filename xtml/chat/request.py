@@ -100,6 +100,7 @@ class Msg:
     reasoning: str = ""
     calls: list[Call] = field(default_factory=list)
     tools: list[Any] | None = None
+    tools_json: str = ""
     tool_index: int = 0
     call_ref: tuple[int, int] | None = None
     """(position of the assistant message in the output, call index) of the
@@ -119,6 +120,8 @@ class Options:
     add_generation_prompt: bool
     image_prompts: list[str] | None
     tools: list[Any] | None
+    tools_json: str = ""
+    """The tool list as the declaration writes it."""
 
 
 def _is_map(x: object) -> bool:
@@ -155,12 +158,19 @@ def check_json_keys(obj: Any, where: str) -> None:
 
 
 def json_compact(value: Any, where: str) -> str:
-    """Compact JSON with every object's keys sorted, as K3 writes schemas.
-    (``sort_keys`` sorts recursively, like :func:`deep_sort`, but in C.)"""
+    """Compact JSON with every object's keys sorted, as K3 writes schemas
+    (``sort_keys`` sorts recursively, like :func:`deep_sort`, but in C).
+
+    Refuses what JSON would change silently (non-string keys): the text is
+    read back and compared, in C; only on a difference does the slow walk
+    look for the cause (tuples, say, differ harmlessly)."""
     try:
-        return jsonfmt.compact(value)
+        text = jsonfmt.compact(value)
     except (TypeError, ValueError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
+    if json.loads(text) != value:
+        check_json_keys(value, where)
+    return text
 
 
 def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -243,12 +253,14 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
                 raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {p!r}",
                                   option="image_prompts")
     tools = opts.get("tools")
+    tools_json = ""
     if tools is not None:
         if not isinstance(tools, list | tuple):
             raise OptionError("tools must be a list of tool schemas", option="tools")
-        check_json_keys(tools, "tools")
         tools = list(tools) if tools else None
-    return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools)
+        tools_json = json_compact(tools, "tools") if tools else ""
+    return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools,
+                   tools_json)
 
 
 def _response_format(rf: Any) -> dict[str, Any] | None:
@@ -267,7 +279,7 @@ def _response_format(rf: Any) -> dict[str, Any] | None:
             raise OptionError("response_format json_schema needs a 'json_schema' object",
                               option="response_format")
         schema = js.get("schema", js.get("json_schema", js))
-        check_json_keys(schema, "response_format")
+        json_compact(schema, "response_format")
         return {"type": "json_schema", "json_schema": {"schema": schema}}
     raise OptionError(f"response_format type must be text, json_object or json_schema, not {t!r}",
                       option="response_format")
@@ -403,8 +415,8 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
                                    "move its content to a message of its own", index=i, path="content")
             if m.get("name"):
                 raise MessageError("a system message that declares tools renders no name", index=i, path="name")
-            check_json_keys(tools, f"messages[{i}].tools")
             msg.tools = list(tools)
+            msg.tools_json = json_compact(msg.tools, f"messages[{i}].tools")
             msgs.append(msg)
             continue
         msg.parts = _content(d, m.get("content"), i, split_marks)
