@@ -336,6 +336,8 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
     """Content as text and image parts. With image prompts given, a
     placeholder literal in text marks an image too (as the model's processor
     reads it)."""
+    if type(content) is str and not (split_marks and d.image_placeholder in content):
+        return [content] if content else []
     parts: list[Part] = []
 
     def add_text(s: str) -> None:
