@@ -32,6 +32,8 @@ def test_ids_are_segmentwise_encoding(k3: xtml.Template, vocab: xtml.Vocabulary,
             # Plain segments: the tokenizer's own encode of that text alone.
             expected.extend(vocab.tokenizer.encode(text, add_special_tokens=False).ids)
     assert ids == expected
+    # The tree path (document → walk) and the event path (render → sink) agree.
+    assert b.encode(k3.document(request_of(case), **case["kwargs"])) == ids
 
 
 @pytest.mark.parametrize("case", VECTORS, ids=[c["name"] for c in VECTORS])

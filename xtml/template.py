@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .chat.dialect import Dialect, load_dialect
 from .chat.parse import parse_completion, parse_conversation
-from .chat.render import normal_form, render_tree
+from .chat.render import normal_form, render, render_tree
 from .chat.request import prepare
 from .errors import ParseError
 from .markup.grammar import parse_lexemes
@@ -82,7 +82,10 @@ class Template:
     def encode(self, request: Any, tokenizer: TokenizerLike, **options: Any) -> list[int]:
         """Token ids of a request for ``tokenizer`` (a :class:`Vocabulary`, a
         ``tokenizers.Tokenizer`` or a path)."""
-        return self.bind(tokenizer).encode(self.document(request, **options))
+        sink = self.bind(tokenizer).sink()
+        o, msgs = prepare(self.dialect, request, options)
+        render(self.dialect, o, msgs, sink)
+        return sink.finish()
 
     def bind(self, tokenizer: TokenizerLike) -> Binding:
         """The binding of this template's markers to ``tokenizer`` (cached)."""

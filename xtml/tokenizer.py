@@ -287,44 +287,57 @@ class Binding:
         return list(chain.from_iterable(chunks))
 
     def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int]) -> None:
-        markers = self.markers
         for node in nodes:
             if type(node) is Text:
                 if not node.text:
                     continue
                 if node.stable:
-                    ids = self._stable.get(node.text)
-                    if ids is None:
-                        ids = self.vocab.encode_texts([node.text])[0]
-                        if len(self._stable) < 1024:
-                            self._stable[node.text] = ids
-                    chunks.append(ids)
+                    chunks.append(self._stable_ids(node.text))
                 else:
                     slots.append(len(chunks))
                     chunks.append([])
                     texts.append(node.text)
             elif type(node) is Element:
-                key = (node.tag, node.attrs)
-                ids = self._open.get(key)
-                if ids is None:
-                    ids = self._pieces(open_tag(node, markers))
-                    if len(self._open) < _CACHE_LIMIT:
-                        self._open[key] = ids
-                chunks.append(ids)
+                chunks.append(self._open_ids(node.tag, node.attrs))
                 if node.children:
                     self._walk(node.children, chunks, texts, slots)
                 if node.closed:
-                    ids = self._close.get(node.tag)
-                    if ids is None:
-                        ids = self._pieces(close_tag(node.tag, markers))
-                        self._close[node.tag] = ids
-                    chunks.append(ids)
+                    chunks.append(self._close_ids(node.tag))
             elif type(node) is EndOfMessage:
-                chunks.append([self.marker_ids[markers.end]])
+                chunks.append([self.marker_ids[self.markers.end]])
             elif type(node) is Embed:
                 chunks.append(self._segment_ids(Segment(node.raw, True)))
             else:
                 raise TypeError(f"not a markup node: {type(node).__name__}")
+
+    def sink(self) -> IdSink:
+        """A markup sink that writes ids directly (see
+        :mod:`xtml.markup.sink`): what :meth:`encode` gives for the tree the
+        same events would build, without building it."""
+        return IdSink(self)
+
+    def _open_ids(self, tag: str, attrs: tuple[tuple[str, str], ...]) -> list[int]:
+        key = (tag, attrs)
+        ids = self._open.get(key)
+        if ids is None:
+            ids = self._pieces(open_tag(Element(tag, attrs), self.markers))
+            if len(self._open) < _CACHE_LIMIT:
+                self._open[key] = ids
+        return ids
+
+    def _close_ids(self, tag: str) -> list[int]:
+        ids = self._close.get(tag)
+        if ids is None:
+            ids = self._close[tag] = self._pieces(close_tag(tag, self.markers))
+        return ids
+
+    def _stable_ids(self, text: str) -> list[int]:
+        ids = self._stable.get(text)
+        if ids is None:
+            ids = self.vocab.encode_texts([text])[0]
+            if len(self._stable) < 1024:
+                self._stable[text] = ids
+        return ids
 
     # -- ids → lexemes -------------------------------------------------------
 
@@ -403,3 +416,62 @@ def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
             out.offsets.append(o)
     return out
 
+
+
+class IdSink:
+    """Markup events → ids, with the binding's caches (see :meth:`Binding.sink`)."""
+
+    __slots__ = ("_b", "_chunks", "_end", "_slots", "_tags", "_texts")
+
+    def __init__(self, binding: Binding) -> None:
+        self._b = binding
+        self._chunks: list[list[int]] = []
+        self._texts: list[str] = []
+        self._slots: list[int] = []
+        self._tags: list[str] = []
+        self._end = [binding.marker_ids[binding.markers.end]]
+
+    def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
+        self._chunks.append(self._b._open_ids(tag, attrs))
+        self._tags.append(tag)
+
+    def close(self) -> None:
+        self._chunks.append(self._b._close_ids(self._tags.pop()))
+
+    def text(self, text: str, stable: bool = False) -> None:
+        if not text:
+            return
+        if stable:
+            self._chunks.append(self._b._stable_ids(text))
+        else:
+            self._slots.append(len(self._chunks))
+            self._chunks.append([])
+            self._texts.append(text)
+
+    def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
+        b = self._b
+        chunks = self._chunks
+        chunks.append(b._open_ids(tag, attrs))
+        if text:
+            if stable:
+                chunks.append(b._stable_ids(text))
+            else:
+                self._slots.append(len(chunks))
+                chunks.append([])
+                self._texts.append(text)
+        chunks.append(b._close_ids(tag))
+
+    def embed(self, raw: str) -> None:
+        if raw:
+            self._chunks.append(self._b._segment_ids(Segment(raw, True)))
+
+    def end(self) -> None:
+        self._chunks.append(self._end)
+
+    def finish(self) -> list[int]:
+        """The ids: body text encoded in one batch, then everything joined."""
+        chunks = self._chunks
+        if self._texts:
+            for slot, ids in zip(self._slots, self._b.vocab.encode_texts(self._texts)):
+                chunks[slot] = ids
+        return list(chain.from_iterable(chunks))

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MessageError, OptionError
-from ..markup.nodes import Element, Embed, EndOfMessage, Node, Text
+from ..markup.nodes import Node
+from ..markup.sink import MarkupSink, TreeBuilder
 from . import jsonfmt
 from .dialect import Dialect
 from .request import Call, Image, Msg, Options, Part, deep_sort, json_compact, value_type
@@ -24,18 +25,20 @@ def call_id(pos: int, k: int) -> str:
 
 
 class _Images:
+    """Hands out the embed for each image part, in order."""
+
     def __init__(self, d: Dialect, prompts: list[str] | None) -> None:
         self.d = d
         self.prompts = prompts
         self.used = 0
 
-    def next(self) -> Embed:
+    def next(self) -> str:
         if self.prompts is None:
-            return Embed(self.d.image_placeholder)
+            return self.d.image_placeholder
         self.used += 1
         if self.used > len(self.prompts):
-            return Embed("")
-        return Embed(self.prompts[self.used - 1])
+            return ""
+        return self.prompts[self.used - 1]
 
     def check(self) -> None:
         if self.prompts is not None and self.used != len(self.prompts):
@@ -44,25 +47,31 @@ class _Images:
                 f"{self.used} images)", option="image_prompts")
 
 
-def _body(parts: list[Part], images: _Images) -> tuple[Node, ...]:
-    if len(parts) == 1 and type(parts[0]) is str:
-        return (Text(parts[0]),)
-    return tuple([Text(p) if type(p) is str else images.next() for p in parts])
-
-
 def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
     """The markup of a resolved request, top-level nodes in order."""
+    tb = TreeBuilder()
+    render(d, o, msgs, tb)
+    return tb.finish()
+
+
+def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
+    """Emit the markup of a resolved request into ``sink``, in order."""
     n = d.names
     msg_tag, role, type_ = n["message"], n["role"], n["type"]
-    end = EndOfMessage()
-    out: list[Node] = []
+    think, response = n["think"], n["response"]
     images = _Images(d, o.image_prompts)
 
     def internal(key: str, **values: str) -> None:
         sm = d.system[key]
-        body = sm.body.render(**values)
-        out.append(Element(msg_tag, ((role, "system"), (type_, sm.type)), (Text(body, stable=True),)))
-        out.append(end)
+        sink.element(msg_tag, ((role, "system"), (type_, sm.type)), sm.body.render(**values), True)
+        sink.end()
+
+    def body(parts: list[Part]) -> None:
+        for p in parts:
+            if type(p) is str:
+                sink.text(p)
+            else:
+                sink.embed(images.next())
 
     if o.tools:
         internal("tool-declare", tools=o.tools_json)
@@ -73,25 +82,27 @@ def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
             internal("tool-declare-dynamic", tools=m.tools_json)
             continue
         if m.role == "tool":
-            attrs: tuple[tuple[str, str], ...] = (
-                (role, "tool"), (n["tool"], m.name or ""), (n["index"], str(m.tool_index)))
-            out.append(Element(msg_tag, attrs, _body(m.parts, images)))
-            out.append(end)
-            continue
-        attrs = ((role, m.role), (n["name"], m.name)) if m.name else ((role, m.role),)
+            sink.open(msg_tag, ((role, "tool"), (n["tool"], m.name or ""), (n["index"], str(m.tool_index))))
+        else:
+            sink.open(msg_tag, ((role, m.role), (n["name"], m.name)) if m.name else ((role, m.role),))
         if m.role != "assistant":
-            out.append(Element(msg_tag, attrs, _body(m.parts, images)))
-            out.append(end)
-            continue
-        channels: list[Node] = []
-        if o.thinking:
-            channels.append(Element(n["think"], (), (Text(m.reasoning),) if m.reasoning else ()))
-        channels.append(Element(n["response"], (), _body(m.parts, images)))
-        if m.calls:
-            channels.append(Element(n["tools"], (), tuple(
-                _call(d, c, k, m.index) for k, c in enumerate(m.calls, start=1))))
-        out.append(Element(msg_tag, attrs, tuple(channels)))
-        out.append(end)
+            body(m.parts)
+        else:
+            if o.thinking:
+                sink.element(think, (), m.reasoning)
+            if len(m.parts) == 1 and type(m.parts[0]) is str:
+                sink.element(response, (), m.parts[0])
+            else:
+                sink.open(response)
+                body(m.parts)
+                sink.close()
+            if m.calls:
+                sink.open(n["tools"])
+                for k, c in enumerate(m.calls, start=1):
+                    _call(d, c, k, m.index, sink)
+                sink.close()
+        sink.close()
+        sink.end()
     if o.tool_choice is not None:
         internal(f"tool-choice-{o.tool_choice}")
     if o.response_format is not None:
@@ -101,32 +112,29 @@ def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
             schema = o.response_format["json_schema"]["schema"]
             internal("response-format-json-schema", schema=json_compact(schema, "response_format"))
     if o.add_generation_prompt:
-        channel = Element(n["think"] if o.thinking else n["response"], (), (), closed=False)
-        out.append(Element(msg_tag, ((role, "assistant"),), (channel,), closed=False))
+        sink.open(msg_tag, ((role, "assistant"),))
+        sink.open(think if o.thinking else response)
     images.check()
-    return out
 
 
-def _call(d: Dialect, c: Call, k: int, index: int) -> Element:
+def _call(d: Dialect, c: Call, k: int, index: int, sink: MarkupSink) -> None:
     n = d.names
-    attrs = ((n["tool"], c.name), (n["index"], str(k)))
+    sink.open(n["call"], ((n["tool"], c.name), (n["index"], str(k))))
     if c.args is None:
-        raw = c.raw or ""
-        block = Element(n["json"], ((n["type"], d.json_fallback_type),), (Text(raw),) if raw else ())
-        return Element(n["call"], attrs, (block,))
-    args: list[Node] = []
-    for key, value in c.args:
-        if isinstance(value, str):
-            text = value
-        else:
-            try:
-                text = jsonfmt.value(value)
-            except (TypeError, ValueError) as e:
-                raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
-                                   path=f"tool_calls[{k - 1}].function.arguments") from None
-        args.append(Element(n["argument"], ((n["key"], key), (n["type"], value_type(value))),
-                            (Text(text),) if text else ()))
-    return Element(n["call"], attrs, tuple(args))
+        sink.element(n["json"], ((n["type"], d.json_fallback_type),), c.raw or "")
+    else:
+        key_, type_, arg = n["key"], n["type"], n["argument"]
+        for key, value in c.args:
+            if type(value) is str:
+                text = value
+            else:
+                try:
+                    text = jsonfmt.value(value)
+                except (TypeError, ValueError) as e:
+                    raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
+                                       path=f"tool_calls[{k - 1}].function.arguments") from None
+            sink.element(arg, ((key_, key), (type_, value_type(value))), text)
+    sink.close()
 
 
 def content_value(parts: list[Part]) -> str | list[dict[str, Any]]:
