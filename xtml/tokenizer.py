@@ -449,17 +449,9 @@ class IdSink:
             self._texts.append(text)
 
     def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
-        b = self._b
-        chunks = self._chunks
-        chunks.append(b._open_ids(tag, attrs))
-        if text:
-            if stable:
-                chunks.append(b._stable_ids(text))
-            else:
-                self._slots.append(len(chunks))
-                chunks.append([])
-                self._texts.append(text)
-        chunks.append(b._close_ids(tag))
+        self._chunks.append(self._b._open_ids(tag, attrs))
+        self.text(text, stable)
+        self._chunks.append(self._b._close_ids(tag))
 
     def embed(self, raw: str) -> None:
         if raw:

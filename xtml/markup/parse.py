@@ -104,12 +104,8 @@ def lex_ids(
     if n == 0:
         return out
     finder = _finder(marker_kinds)
-    try:
-        # Each id as one character, so that a regular expression (in C) finds
-        # the markers, instead of a Python loop over every id.
-        # Surrogate code points are fine in a str; ids past U+10FFFF are not.
-        as_text = array(_U32, ids).tobytes().decode("utf-32-le" if _LE else "utf-32-be", "surrogatepass")
-    except (OverflowError, UnicodeDecodeError, TypeError):
+    as_text = ids_as_text(ids)
+    if as_text is None:
         return _lex_ids_slow(ids, marker_kinds, decode_batch)
     kinds, texts, offsets = out.kinds, out.texts, out.offsets
     cache = header_cache if header_cache is not None else {}
@@ -154,6 +150,16 @@ def lex_ids(
 
 _LE = sys.byteorder == "little"
 _U32 = next(t for t in "IL" if array(t).itemsize == 4)
+
+
+def ids_as_text(ids: Sequence[int]) -> str | None:
+    """Each id as one character, so that regular expressions (in C) find
+    markers instead of a Python loop over every id. Surrogate code points are
+    fine in a str; ids past U+10FFFF, negative or non-integer ids give None."""
+    try:
+        return array(_U32, ids).tobytes().decode("utf-32-le" if _LE else "utf-32-be", "surrogatepass")
+    except (OverflowError, UnicodeDecodeError, TypeError):
+        return None
 _finders: dict[frozenset[int], re.Pattern[str]] = {}
 
 
@@ -438,9 +444,8 @@ def build_ids_fast(
     pat = _tag_pattern(marker_kinds)
     if pat is None or not ids:
         return None
-    try:
-        as_text = array(_U32, ids).tobytes().decode("utf-32-le" if _LE else "utf-32-be", "surrogatepass")
-    except (OverflowError, UnicodeDecodeError, TypeError):
+    as_text = ids_as_text(ids)
+    if as_text is None:
         return None
     try:
         return _fast(ids, as_text, pat, marker_kinds, decode_batch, header_cache, max_depth)
