@@ -79,7 +79,7 @@ BAD: list[tuple[Any, dict[str, Any], type[xtml.XtmlError], str]] = [
     ([U], {"bogus": 1}, xtml.OptionError, "unknown option 'bogus'"),
     ([U], {"thinking": "yes"}, xtml.OptionError, "thinking must be true or false"),
     ([U], {"reasoning_effort": "none", "thinking": True}, xtml.OptionError, "switches thinking off"),
-    ([U], {"tool_choice": {"type": "function", "function": {"name": "f"}}}, xtml.OptionError, "name one tool"),
+    ([U], {"tool_choice": "sometimes"}, xtml.OptionError, "tool_choice must be"),
     ([U], {"response_format": {"type": "xml"}}, xtml.OptionError, "response_format type"),
     ([U], {"image_prompts": ["not a prompt"]}, xtml.OptionError, "not an image prompt"),
     ([U], {"tools": "f"}, xtml.OptionError, "tools must be a list"),
@@ -126,3 +126,11 @@ def test_image_parts_and_prompts(k3: xtml.Template) -> None:
     norm = k3.normalize(msgs, image_prompts=[prompt])
     assert norm["messages"][0]["content"] == [{"type": "text", "text": "see"}, {"type": "image"}]
     assert norm["image_prompts"] == [prompt]
+
+
+def test_named_tool_choice_and_string_response_format(k3: xtml.Template) -> None:
+    named = {"type": "function", "function": {"name": "f"}}
+    assert k3.render([U], tool_choice=named).text == k3.render([U], tool_choice="auto").text
+    assert k3.render([U], response_format="json_object").text == k3.render(
+        [U], response_format={"type": "json_object"}).text
+    assert k3.render([{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]).text == k3.render([U]).text

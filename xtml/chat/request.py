@@ -233,10 +233,14 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
                 else ""
             raise OptionError(f"{key} must be one of {', '.join(d.efforts)}{extra}, not {v!r}", option=key)
         effort = v
-    tc = opts.get("tool_choice")
+    tc: Any = opts.get("tool_choice")
+    if _is_map(tc) and tc.get("type") == "function":
+        # A named tool is enforced by constrained decoding, not by the prompt:
+        # the format has no prose for it and renders nothing, like "auto".
+        tc = "auto"
     if tc is not None and tc not in ("auto", "none", "required"):
         raise OptionError(
-            "tool_choice must be 'auto', 'none' or 'required'; this format has no way to name one tool",
+            "tool_choice must be 'auto', 'none', 'required' or a named function",
             option="tool_choice",
         )
     rf = _response_format(opts.get("response_format"))
@@ -266,6 +270,8 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
 def _response_format(rf: Any) -> dict[str, Any] | None:
     if rf is None:
         return None
+    if isinstance(rf, str):
+        rf = {"type": rf}
     if not _is_map(rf):
         raise OptionError("response_format must be an object with a 'type'", option="response_format")
     t = rf.get("type")
@@ -326,6 +332,10 @@ def _arguments(raw: Any, i: int, path: str) -> tuple[list[tuple[str, Any]] | Non
     return out, None
 
 
+# Part types whose "text" is rendered as text (OpenAI's chat and responses APIs).
+TEXT_PART_TYPES = ("text", "input_text")
+
+
 def _text_of(x: Any, i: int, path: str) -> str:
     if not isinstance(x, str):
         raise MessageError(f"expected a string, not {type(x).__name__}", index=i, path=path)
@@ -371,14 +381,14 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
         t = part.get("type")
         if t in d.image_part_types:
             parts.append(Image())
-        elif t == "text":
+        elif t in TEXT_PART_TYPES:
             if "text" not in part:
                 raise MessageError("a text part needs 'text'", index=i, path=where)
             add_text(_text_of(part["text"], i, f"{where}.text"))
         else:
             raise MessageError(
                 f"content part type {t!r} is not supported by this template "
-                f"(supported: text, {', '.join(d.image_part_types)})",
+                f"(supported: {', '.join(TEXT_PART_TYPES)}, {', '.join(d.image_part_types)})",
                 index=i, path=where)
     return parts
 
