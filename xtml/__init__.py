@@ -18,6 +18,7 @@ from .errors import (
     XtmlError,
 )
 from .markup.segments import Segment
+from .stream import StreamEvent, StreamParser
 from .template import Rendered, Template, load
 from .tokenizer import Vocabulary, load_tokenizer
 
@@ -31,6 +32,8 @@ __all__ = [
     "Rendered",
     "RequestError",
     "Segment",
+    "StreamEvent",
+    "StreamParser",
     "Template",
     "TemplateError",
     "TokenizerError",

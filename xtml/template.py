@@ -23,6 +23,7 @@ from .markup.markers import CLOSE, END, SEP, TEXT
 from .markup.nodes import Diagnostic, Document, Element
 from .markup.parse import Lexemes, build, lex_text, line_col
 from .markup.segments import Segment, to_segments
+from .stream import StreamParser
 from .tokenizer import Binding, Vocabulary, load_tokenizer
 
 __all__ = ["Rendered", "Template", "load"]
@@ -115,6 +116,12 @@ class Template:
         on = self.dialect.thinking_default if thinking is None else thinking
         channel = Element(n["think"] if on else n["response"], (), (), closed=False)
         return [Element(n["message"], ((n["role"], "assistant"),), (channel,), closed=False)]
+
+    def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,
+               lenient: bool = True) -> StreamParser:
+        """A :class:`~xtml.stream.StreamParser` for what a model generates
+        after this template's generation prompt."""
+        return StreamParser(self, tokenizer, thinking=thinking, keep=keep, lenient=lenient)
 
     # -- parse -------------------------------------------------------------------
 

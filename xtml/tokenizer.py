@@ -90,6 +90,10 @@ class Vocabulary:
                 out.append(self._tok.decode(list(run), skip_special_tokens=False))
         return out
 
+    def byte_table(self) -> list[bytes]:
+        """The bytes of every id (byte-level BPE only; empty otherwise)."""
+        return self._bytes if self._bytes is not None else self._byte_table()
+
     def _byte_table(self) -> list[bytes]:
         """The bytes of every id, for byte-level BPE vocabularies.
 
