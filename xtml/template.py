@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 from .chat.dialect import Dialect, load_dialect
 from .chat.parse import parse_completion, parse_conversation
 from .chat.render import normal_form, render, render_tree
-from .chat.request import prepare
-from .errors import ParseError
+from .chat.request import Msg, Options, prepare
+from .errors import ParseError, RequestError
 from .markup.grammar import parse_lexemes
 from .markup.markers import CLOSE, END, SEP, TEXT
 from .markup.nodes import Diagnostic, Document, Element
@@ -63,9 +63,17 @@ class Template:
 
     # -- render ------------------------------------------------------------------
 
+    def _prepare(self, request: Any, options: dict[str, Any]) -> tuple[Options, list[Msg]]:
+        try:
+            return prepare(self.dialect, request, options)
+        except RecursionError:
+            # Only a pathologically nested request gets here (JSON values deeper
+            # than Python's recursion limit).
+            raise RequestError("the request is nested too deeply") from None
+
     def document(self, request: Any, **options: Any) -> Document:
         """The markup tree of a request."""
-        o, msgs = prepare(self.dialect, request, options)
+        o, msgs = self._prepare(request, options)
         return Document(tuple(render_tree(self.dialect, o, msgs)))
 
     def render(self, request: Any, **options: Any) -> Rendered:
@@ -76,15 +84,18 @@ class Template:
 
     def normalize(self, request: Any, **options: Any) -> dict[str, Any]:
         """The request as parse would return it after render (spec.md, "Normal form")."""
-        o, msgs = prepare(self.dialect, request, options)
+        o, msgs = self._prepare(request, options)
         render_tree(self.dialect, o, msgs)  # the same checks as render
-        return normal_form(o, msgs)
+        try:
+            return normal_form(o, msgs)
+        except RecursionError:
+            raise RequestError("the request is nested too deeply") from None
 
     def encode(self, request: Any, tokenizer: TokenizerLike, **options: Any) -> list[int]:
         """Token ids of a request for ``tokenizer`` (a :class:`Vocabulary`, a
         ``tokenizers.Tokenizer`` or a path)."""
         sink = self.bind(tokenizer).sink()
-        o, msgs = prepare(self.dialect, request, options)
+        o, msgs = self._prepare(request, options)
         render(self.dialect, o, msgs, sink)
         return sink.finish()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import ParseError, TokenizerError
+from .markup.header import CACHEABLE
 from .markup.markers import CLOSE, EMBED_MARK, OPEN, TEXT, Markers
 from .markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
 from .markup.parse import Lexemes, build, build_ids_fast, lex_ids
@@ -269,7 +270,7 @@ class Binding:
             ids = self._piece.get(seg.text)
             if ids is None:
                 ids = self.vocab.encode_texts([seg.text])[0]
-                if len(self._piece) < _CACHE_LIMIT:
+                if len(self._piece) < _CACHE_LIMIT and len(seg.text) <= CACHEABLE:
                     self._piece[seg.text] = ids
             out.extend(ids)
         return out
@@ -325,7 +326,7 @@ class Binding:
         ids = self._open.get(key)
         if ids is None:
             ids = self._pieces(open_tag(Element(tag, attrs), self.markers))
-            if len(self._open) < _CACHE_LIMIT:
+            if len(self._open) < _CACHE_LIMIT and sum(len(k) + len(v) for k, v in attrs) <= CACHEABLE:
                 self._open[key] = ids
         return ids
 

@@ -130,7 +130,7 @@ def _call(d: Dialect, c: Call, k: int, index: int, sink: MarkupSink) -> None:
             else:
                 try:
                     text = jsonfmt.value(value)
-                except (TypeError, ValueError) as e:
+                except (TypeError, ValueError, RecursionError) as e:
                     raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
                                        path=f"tool_calls[{k - 1}].function.arguments") from None
             sink.element(arg, ((key_, key), (type_, value_type(value))), text)

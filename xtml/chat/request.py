@@ -166,7 +166,7 @@ def json_compact(value: Any, where: str) -> str:
     look for the cause (tuples, say, differ harmlessly)."""
     try:
         text = jsonfmt.compact(value)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
     if json.loads(text) != value:
         check_json_keys(value, where)

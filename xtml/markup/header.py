@@ -39,6 +39,9 @@ def unescape(value: str) -> str:
 
 
 _cache: dict[str, Header | None] = {}
+# Header caches keep only headers up to this length, so that hostile input
+# cannot fill memory through them (a cache holds at most 65,536 entries).
+CACHEABLE = 256
 
 
 def parse_header(text: str) -> Header | None:
@@ -49,9 +52,10 @@ def parse_header(text: str) -> Header | None:
     except KeyError:
         pass
     hdr = _parse_header(text)
-    if len(_cache) >= 65536:
-        _cache.clear()
-    _cache[text] = hdr
+    if len(text) <= CACHEABLE:
+        if len(_cache) >= 65536:
+            _cache.clear()
+        _cache[text] = hdr
     return hdr
 
 

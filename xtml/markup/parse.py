@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ParseError
-from .header import parse_header, salvage_header
+from .header import CACHEABLE, parse_header, salvage_header
 from .markers import (
     CLOSE,
     EMBED_BEGIN,
@@ -143,7 +143,7 @@ def lex_ids(
     if pending:
         for at, hkey, decoded in zip(pending_at, pending_keys, decode_batch(pending)):
             texts[at] = decoded
-            if hkey is not None and header_cache is not None:
+            if hkey is not None and header_cache is not None and len(hkey) <= CACHEABLE:
                 header_cache[hkey] = decoded
     return out
 
@@ -487,7 +487,9 @@ def _fast(
                 parsed = parse_header(decode_batch([ids[b:e]])[0]) if e > b else None
                 if parsed is None:
                     raise _Bail
-                hdr = cache[key] = parsed
+                hdr = parsed
+                if len(key) <= CACHEABLE:
+                    cache[key] = parsed
             if g == 1:
                 if need_end or len(stack) >= max_depth:
                     raise _Bail
