@@ -25,6 +25,6 @@ def test_mypy_strict() -> None:
 
 
 def test_ruff() -> None:
-    res = subprocess.run([*_tool("ruff"), "check", "xtml", "tests", "bench"], cwd=ROOT, capture_output=True,
+    res = subprocess.run([*_tool("ruff"), "check", "xtml", "tests", "bench", "fuzzing"], cwd=ROOT, capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stdout + res.stderr
