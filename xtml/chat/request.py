@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError
@@ -90,25 +90,40 @@ class Call:
     raw: str | None = None
 
 
-@dataclass(slots=True)
 class Msg:
-    role: str
-    index: int
-    """Position in the request's ``messages``."""
-    name: str | None = None
-    parts: list[Part] = field(default_factory=list)
-    reasoning: str = ""
-    calls: list[Call] = field(default_factory=list)
-    tools: list[Any] | None = None
-    tools_json: str = ""
-    tool_index: int = 0
-    call_ref: tuple[int, int] | None = None
-    """(position of the assistant message in the output, call index) of the
-    call a tool message answers, when there is one at its position."""
-    call_id: str | None = None
-    """A tool message's ``tool_call_id`` as given."""
-    known_calls: dict[str, tuple[int, str]] = field(default_factory=dict)
-    """For a tool message: call id → (index, name) of the latest assistant's calls."""
+    """A message checked and resolved for rendering.
+
+    A plain slotted class: one is made per message per render, and a
+    dataclass with default factories costs several times more to create."""
+
+    __slots__ = ("call_id", "call_ref", "calls", "index", "known_calls", "name", "parts", "reasoning", "role",
+                 "tool_index", "tools", "tools_json")
+
+    def __init__(self, role: str, index: int) -> None:
+        self.role = role
+        self.index = index
+        """Position in the request's ``messages``."""
+        self.name: str | None = None
+        self.parts: list[Part] = _NO_PARTS
+        self.reasoning = ""
+        self.calls: list[Call] = _NO_CALLS
+        self.tools: list[Any] | None = None
+        self.tools_json = ""
+        self.tool_index = 0
+        self.call_ref: tuple[int, int] | None = None
+        """(position of the assistant message in the output, call index) of
+        the call a tool message answers, when there is one at its position."""
+        self.call_id: str | None = None
+        """A tool message's ``tool_call_id`` as given."""
+        self.known_calls: dict[str, tuple[int, str]] = _NO_IDS
+        """For a tool message: call id → (index, name) of the latest
+        assistant's calls."""
+
+
+# Shared empty defaults; a message that has parts or calls gets its own list.
+_NO_PARTS: list[Part] = []
+_NO_CALLS: list[Call] = []
+_NO_IDS: dict[str, tuple[int, str]] = {}
 
 
 @dataclass(slots=True)
@@ -442,6 +457,8 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             if not isinstance(calls, list | tuple):
                 raise MessageError("tool_calls must be a list", index=i, path="tool_calls")
             call_ids = {}
+            if calls:
+                msg.calls = []
             for j, c in enumerate(calls):
                 where = f"tool_calls[{j}]"
                 if not _is_map(c):
@@ -479,6 +496,8 @@ def resolve_tool_results(msgs: list[Msg]) -> list[Msg]:
     1-based position after the latest assistant message, and a missing name is
     taken from the call at that position.
     """
+    if not any(m.role == "tool" for m in msgs):
+        return msgs
     ordered: list[Msg] = []
     i = 0
     while i < len(msgs):
