@@ -33,6 +33,8 @@ class Body:
     """Placeholder names in order."""
     pattern: re.Pattern[str]
     """Matches a rendered body and captures the placeholders."""
+    plain: str = ""
+    """The rendered body, for a body without placeholders."""
 
     @classmethod
     def compile(cls, source: str, where: str) -> Body:
@@ -58,9 +60,12 @@ class Body:
             raise TemplateError("a lone brace in a body; write {{ or }} for a literal one", location=where)
         rx.append(re.escape(rest))
         pattern = re.compile("".join(rx), re.DOTALL)
-        return cls(source, tuple(names), pattern)
+        plain = _PLACEHOLDER.sub(lambda m: m.group(0)[0], source).strip()
+        return cls(source, tuple(names), pattern, plain)
 
     def render(self, **values: str) -> str:
+        if not self.names:
+            return self.plain
         def sub(m: re.Match[str]) -> str:
             tok = m.group(0)
             if tok == "{{":

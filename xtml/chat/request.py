@@ -183,9 +183,20 @@ def json_compact(value: Any, where: str) -> str:
         text = jsonfmt.compact(value)
     except (TypeError, ValueError, RecursionError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
-    if json.loads(text) != value:
+    # The same tool list arrives with every request of a conversation: keep
+    # what its text reads back as, and compare with that.
+    back = _read_back.get(text)
+    if back is None:
+        back = json.loads(text)
+        if len(_read_back) >= 256:
+            _read_back.clear()
+        _read_back[text] = back
+    if back != value:
         check_json_keys(value, where)
     return text
+
+
+_read_back: dict[str, Any] = {}
 
 
 def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
