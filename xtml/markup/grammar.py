@@ -21,7 +21,7 @@ from ..errors import ParseError
 from .header import Header
 from .markers import TEXT
 from .nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from .parse import _LABEL, MAX_DEPTH, Lexemes
+from .parse import _LABEL, MAX_ATTRIBUTES, MAX_DEPTH, Lexemes
 
 GRAMMAR_PACKAGE = "xtml.grammar"
 GRAMMAR_FILE = "xtml.lark"
@@ -88,6 +88,8 @@ class _DocTree(Transformer[Token, Any]):
 
     def element(self, items: list[Any]) -> Element:
         (_, (tag, attrs), _), *body, (_, (ctag, cattrs), off) = items
+        if len(attrs) > MAX_ATTRIBUTES:
+            raise ParseError(f"a tag with {len(attrs)} attributes (at most {MAX_ATTRIBUTES})", offset=off)
         if ctag != tag or cattrs:
             raise ParseError(f"close tag {ctag!r} does not match open element {tag!r}", offset=off)
         return Element(tag, attrs, tuple(_node(x) for x in body))

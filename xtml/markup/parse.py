@@ -41,6 +41,9 @@ from .nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Tex
 # Deeper nesting than this is refused: no XTML dialect needs it, and it keeps
 # every later recursive walk of the tree far from Python's recursion limit.
 MAX_DEPTH = 64
+# More attributes than this on one tag are refused (strict) or cut (lenient):
+# no dialect needs them, and each one costs work in every later layer.
+MAX_ATTRIBUTES = 32
 
 _LABEL = {
     OPEN: "open marker",
@@ -291,6 +294,9 @@ def build(
                     i += 3
                     continue
             tag, attrs = hdr
+            if len(attrs) > MAX_ATTRIBUTES:
+                fail(i + 1, f"a tag with {len(attrs)} attributes (at most {MAX_ATTRIBUTES})", "too-many-attributes")
+                attrs = attrs[:MAX_ATTRIBUTES]
             if k == OPEN:
                 if len(stack) >= max_depth:
                     # Even lenient parses refuse this: depth is a resource limit.
@@ -485,7 +491,7 @@ def _fast(
             if hdr is None:
                 b, e = m.span(g)
                 parsed = parse_header(decode_batch([ids[b:e]])[0]) if e > b else None
-                if parsed is None:
+                if parsed is None or len(parsed[1]) > MAX_ATTRIBUTES:
                     raise _Bail
                 hdr = parsed
                 if len(key) <= CACHEABLE:

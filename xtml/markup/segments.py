@@ -17,6 +17,7 @@ from ..errors import MarkupError
 from .header import escape, is_name
 from .markers import Markers
 from .nodes import Document, Element, Embed, EndOfMessage, Node, Text
+from .parse import MAX_ATTRIBUTES
 
 
 class Segment(NamedTuple):
@@ -32,6 +33,8 @@ class Segment(NamedTuple):
 def open_tag(el: Element, markers: Markers, path: str = "") -> list[Segment]:
     """The segments of ``el``'s open tag."""
     check_name(el.tag, path)
+    if len(el.attrs) > MAX_ATTRIBUTES:
+        raise MarkupError(f"a tag with {len(el.attrs)} attributes (at most {MAX_ATTRIBUTES})", path=path)
     out = [Segment(markers.open, True), Segment(el.tag, False)]
     for key, value in el.attrs:
         check_name(key, path)
