@@ -56,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         req = request(n)
         ids = k3.encode(req, vocab)
         reps = 20 if n <= 10_000 else 3
-        render = best(lambda: k3.encode(req, vocab), reps)
-        parse = best(lambda: k3.parse(ids, vocab), reps)
-        decode = best(lambda: vocab.tokenizer.decode(ids, skip_special_tokens=False), reps)
+        render = best(lambda req=req: k3.encode(req, vocab), reps)
+        parse = best(lambda ids=ids: k3.parse(ids, vocab), reps)
+        decode = best(lambda ids=ids: vocab.tokenizer.decode(ids, skip_special_tokens=False), reps)
         msg = req["messages"][1]
         texts = [msg["reasoning_content"], msg["content"], *(
             str(v) for c in msg["tool_calls"] for v in c["function"]["arguments"].values())]
-        floor = best(lambda: vocab.tokenizer.encode_batch_fast(texts, add_special_tokens=False), reps)
+        floor = best(lambda texts=texts: vocab.tokenizer.encode_batch_fast(texts, add_special_tokens=False), reps)
         row = {"tokens": len(ids), "render_us_per_token": render / len(ids) * 1e6,
                "floor_us_per_token": floor / len(ids) * 1e6,
                "parse_us_per_token": parse / len(ids) * 1e6, "decode_us_per_token": decode / len(ids) * 1e6}
