@@ -98,3 +98,20 @@ def test_usage_errors_exit_2(argv: list[str]) -> None:
 def test_help_exits_0() -> None:
     code, out, _ = run(["render", "--help"])
     assert code == 0 and "examples:" in out
+
+
+def test_fuzz_text_form_runs() -> None:
+    code, out, err = run(["fuzz", "--examples", "5", "--seed", "3"])
+    assert code == 0, err
+    assert "properties held" in out
+
+
+def test_fuzz_with_tokenizer_runs() -> None:
+    code, out, err = run(["fuzz", "--examples", "3", "--seed", "4", "--tokenizer", deepseek_path(), "--add-markers"])
+    assert code == 0, err + out
+    assert "stream = batch" in out
+
+
+@pytest.mark.parametrize("argv", [["fuzz", "--examples", "0"], ["fuzz", "--examples", "x"]])
+def test_fuzz_usage_errors(argv: list[str]) -> None:
+    assert run(argv)[0] == 2

@@ -24,6 +24,11 @@ EPILOG_RENDER = """examples:
   echo '[{"role": "user", "content": "hi"}]' | xtml render - --thinking false
 """
 
+EPILOG_FUZZ = """examples:
+  xtml fuzz
+  xtml fuzz --template my-model.toml --tokenizer path/to/model --examples 1000 --seed 7
+"""
+
 EPILOG_PARSE = """examples:
   xtml render chat.json --tokenizer tok.json --format ids | xtml parse --tokenizer tok.json
   xtml parse prompt.txt --from text
@@ -112,7 +117,38 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --completion: was the prompt in thinking mode (default: the template's)")
     p.add_argument("--lenient", action="store_true",
                    help="repair malformed input and report diagnostics instead of failing")
+    z = sub.add_parser("fuzz", help="fuzz a template: round trip, injection, stream == batch, never crash",
+                       description="Run xtml's properties against a template with generated requests, "
+                                   "adversarial text and random ids; print the smallest failing input as JSON.",
+                       epilog=EPILOG_FUZZ, formatter_class=argparse.RawDescriptionHelpFormatter)
+    z.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                   help="built-in template name or template file (default: kimi-k3)")
+    z.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or model folder (without: text form only)")
+    z.add_argument("--add-markers", action="store_true", help="add the template's markers as special tokens")
+    z.add_argument("-n", "--examples", type=_positive, default=200, metavar="N",
+                   help="examples per property (default: 200)")
+    z.add_argument("--seed", type=int, metavar="S", help="seed, to repeat a run")
     return ap
+
+
+def _positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}")
+    return v
+
+
+def _fuzz(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        from .fuzz import run
+    except ImportError as e:
+        raise _UserError(f"xtml fuzz needs hypothesis ({e.name} is missing): pip install 'xtml[testing]'") from None
+    tpl = load(args.template)
+    vocab = _tokenizer(args, tpl) if args.tokenizer else None
+    return run(tpl, vocab, examples=args.examples, seed=args.seed, out=out, err=sys.stderr)
 
 
 def _render(args: argparse.Namespace, out: TextIO) -> None:
@@ -179,17 +215,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: TextIO = sys.stdout
     handle = None
     try:
-        if args.output:
+        if getattr(args, "output", None):
             try:
                 handle = open(args.output, "w", encoding="utf-8")
             except OSError as e:
                 raise _UserError(f"cannot write {args.output}: {e.strerror or e}") from None
             out = handle
+        code = 0
         if args.command == "render":
             _render(args, out)
-        else:
+        elif args.command == "parse":
             _parse(args, out)
+        else:
+            code = _fuzz(args, out)
         out.flush()
+        return code
     except (XtmlError, _UserError) as e:
         print(f"xtml: error: {e}", file=sys.stderr)
         return 1
@@ -200,7 +240,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if handle is not None:
             handle.close()
-    return 0
 
 
 def entry() -> None:
