@@ -224,7 +224,7 @@ def test_requests_cover_the_template() -> None:
 
 def test_texts_are_adversarial() -> None:
     features = {w: (lambda t, w=w: w in t)
-                for w in ("<|close|>argument<|sep|>", "&quot;", "\x00", "<|end_of_msg|>", "\U0001f600",
+                for w in ("<|close|>argument<|sep|>", "&", "\x00", "<|end_of_msg|>", "\U0001f600",
                           "\u6f22\u5b57", "<|kimi_image_placeholder|>")}
     features.update({
         "empty": lambda t: t == "",

@@ -61,7 +61,7 @@ def _properties(template: Template, tokenizer: Any | None) -> list[_Property]:
     from . import testing as xt
 
     t = template
-    same = _same
+    same = _same  # the input is what to show
     text_level = [
         _Property("round trip (text)", xt.requests(t), lambda r: xt.check_round_trip(t, r, None), same),
         _Property("never crash (text)", xt.texts(t), lambda s: xt.check_never_crash(t, s), same),
@@ -119,7 +119,7 @@ def run(
     try:
         from . import testing as xt
     except ImportError as e:
-        _write(err, f"xtml fuzz: this needs hypothesis (pip install hypothesis): {e}\n")
+        _write(err, f"xtml fuzz: this needs hypothesis (pip install 'xtml[testing]'): {e}\n")
         return 2
     if examples < 1:
         _write(err, "xtml fuzz: --examples must be at least 1\n")
@@ -142,15 +142,15 @@ def run(
     total = 0
     started = time.perf_counter()
     for p in props:
+        _write(err, f"  {p.name:<{width}}  ")  # the rest of the line when it is done
         t0 = time.perf_counter()
         outcome = xt.find_failure(p.strategy, p.check, examples=examples, seed=seed)
         dt = time.perf_counter() - t0
         total += outcome.examples
         f = outcome.failure
+        _write(err, f"{outcome.examples:>6} examples  {dt:7.1f} s  {'ok' if f is None else 'FAILED'}\n")
         if f is None:
-            _write(err, f"  {p.name:<{width}}  {outcome.examples:>6} examples  {dt:7.1f} s  ok\n")
             continue
-        _write(err, f"  {p.name:<{width}}  {outcome.examples:>6} examples  {dt:7.1f} s  FAILED\n")
         message = str(f.error) or type(f.error).__name__
         if not isinstance(f.error, AssertionError):
             message = f"{type(f.error).__name__}: {message}"

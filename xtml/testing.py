@@ -23,12 +23,17 @@ Strategies:
 * :func:`texts` — adversarial text (marker literals and fragments, entities,
   quotes, unicode edge cases, NUL, whitespace, rarely huge strings);
 * :func:`markup` — well-formed markup in text form, from the reference grammar;
-* :func:`token_ids` — id soup biased toward the template's marker ids.
+* :func:`token_ids` — id soup biased toward the template's marker ids, and
+  mutated ids of valid requests;
+* :func:`stream_cases` / :func:`chunk_sizes` — inputs of the stream check.
 
 Properties (each raises :class:`AssertionError` with a clear message):
 :func:`check_round_trip`, :func:`check_injection_free`,
-:func:`check_stream_equals_batch`, :func:`check_never_crash`.
-:func:`find_failure` runs one property outside a test suite (``xtml fuzz``).
+:func:`check_stream_equals_batch`, :func:`check_never_crash`,
+:func:`check_markup_parses`. :func:`completion_case` renders a request's last
+assistant message as a completion; :func:`find_failure` runs one property
+outside a test suite and shrinks its failure (``xtml fuzz``, see
+:mod:`xtml.fuzz`; docs/testing.md is the guide).
 
 This module needs ``hypothesis`` (an optional dependency); ``import xtml``
 does not import it.
@@ -87,7 +92,7 @@ __all__ = [
     "token_ids",
 ]
 
-T = TypeVar("T")
+_V = TypeVar("_V")
 
 # -- text ------------------------------------------------------------------------
 
@@ -186,7 +191,7 @@ def _piece(p: _Pieces) -> st.SearchStrategy[str]:
 
 
 @st.composite
-def _rarely(draw: st.DrawFn, common: st.SearchStrategy[T], rare: st.SearchStrategy[T], one_in: int) -> T:
+def _rarely(draw: st.DrawFn, common: st.SearchStrategy[_V], rare: st.SearchStrategy[_V], one_in: int) -> _V:
     # 37 is no boundary value: hypothesis favours 0 and the bounds.
     if draw(st.integers(0, one_in - 1)) == 37 % one_in:
         return draw(rare)
@@ -796,7 +801,7 @@ def _assert_equal(want: Any, got: Any, what: str) -> None:
         raise AssertionError(f"{what}: {_difference(want, got) or f'{_show(want)} != {_show(got)}'}")
 
 
-def _call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def _call(what: str, fn: Callable[..., _V], *args: Any, **kwargs: Any) -> _V:
     """``fn(*args, **kwargs)``; any exception becomes an AssertionError naming ``what``."""
     try:
         return fn(*args, **kwargs)
@@ -1182,7 +1187,7 @@ class Outcome:
     failure: Failure | None
 
 
-def find_failure(strategy: st.SearchStrategy[T], check: Callable[[T], None], *, examples: int,
+def find_failure(strategy: st.SearchStrategy[_V], check: Callable[[_V], None], *, examples: int,
                  seed: int | None = None) -> Outcome:
     """Run ``check`` on up to ``examples`` inputs drawn from ``strategy``;
     on failure, shrink and return the minimal failing input.
@@ -1193,7 +1198,7 @@ def find_failure(strategy: st.SearchStrategy[T], check: Callable[[T], None], *, 
     count = 0
     last: list[Any] = [None]
 
-    def prop(x: T) -> None:
+    def prop(x: _V) -> None:
         nonlocal count
         count += 1
         last[0] = copy.deepcopy(x)
