@@ -57,3 +57,38 @@ def test_deeply_nested_arguments_are_an_error(k3: xtml.Template) -> None:
         x = y
     with pytest.raises(xtml.MessageError, match="not JSON"):
         k3.render([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}])
+
+
+def _custom(**changes: object) -> xtml.Template:
+    import tomllib
+    from importlib import resources
+
+    from xtml.chat.dialect import from_dict
+
+    base = tomllib.loads(resources.files("xtml.dialects").joinpath("kimi-k3.toml").read_text(encoding="utf-8"))
+    for path, value in changes.items():
+        section, key = path.split(".")
+        base[section] = {**base[section], key: value}
+    return xtml.Template(from_dict(base, "custom"))
+
+
+def test_normal_form_images_render_in_any_template() -> None:
+    t = _custom(**{"images.part_types": ["image_url"]})
+    n = t.normalize([{"role": "user", "content": [{"type": "image_url"}]}])
+    assert t.normalize(n) == n
+
+
+def test_extra_roles_refuse_assistant_fields() -> None:
+    t = _custom(**{"roles.accepted": ["system", "user", "assistant", "tool", "observer"]})
+    assert t.normalize([{"role": "observer", "content": "x"}])["messages"] == [{"role": "observer", "content": "x"}]
+    with pytest.raises(xtml.MessageError, match="cannot carry 'reasoning_content'"):
+        t.render([{"role": "observer", "content": "x", "reasoning_content": "KEEP"}])
+
+
+def test_lenient_stream_does_not_raise_on_deep_output(k3: xtml.Template, vocab: xtml.Vocabulary) -> None:
+    b = k3.bind(vocab)
+    tag = [b.marker_ids["<|open|>"], *vocab.encode_texts(["think"])[0], b.marker_ids["<|sep|>"]]
+    sp = k3.stream(vocab)
+    events = sp.feed_many(tag * 63) + sp.close()
+    assert events[-1].type == "message_end"
+    assert any(e.type == "diagnostic" and (e.diagnostic or {}).get("kind") == "too-deep" for e in events)

@@ -305,11 +305,17 @@ class StreamParser:
             self._diag(out, "early-end", at, "end of message before the message was closed")
         elif at is None and cut:
             self._diag(out, "truncated", self._offset, "the stream ends before the message is closed")
+        message: dict[str, Any] | None = None
         if self.keep:
-            message = self.template.parse(self._ids, self.binding.vocab, completion=True, lenient=True,
-                                          thinking=self.thinking)
-            message.pop("diagnostics", None)
-        else:
+            try:
+                message = self.template.parse(self._ids, self.binding.vocab, completion=True, lenient=True,
+                                              thinking=self.thinking)
+                message.pop("diagnostics", None)
+            except ParseError as e:
+                # Only resource limits (nesting) make even a lenient parse
+                # refuse; the stream reports it and keeps what it streamed.
+                self._diag(out, "too-deep", e.offset, e.msg)
+        if message is None:
             message = {"role": "assistant"}
             if self._calls:
                 message["tool_calls"] = list(self._calls)

@@ -405,7 +405,8 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
         if not _is_map(part):
             raise MessageError("a content part must be an object", index=i, path=where)
         t = part.get("type")
-        if t in d.image_part_types:
+        # "image" is also the normal form's own spelling, whatever the template.
+        if t in d.image_part_types or t == "image":
             parts.append(Image())
         elif t in TEXT_PART_TYPES:
             if "text" not in part:
@@ -435,7 +436,8 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
         role = d.role_aliases.get(role, role)
         if role not in d.roles:
             raise MessageError(f"role {m.get('role')!r} is not one of {', '.join(d.roles)}", index=i, path="role")
-        allowed = ROLE_KEYS.get(role, MESSAGE_KEYS)
+        # Roles a template adds carry what a user message carries.
+        allowed = ROLE_KEYS.get(role, ROLE_KEYS["user"])
         if not m.keys() <= allowed:
             _check_keys(m, role, allowed, i)
         msg = Msg(role, i)
