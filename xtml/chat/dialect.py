@@ -153,6 +153,18 @@ def _no_extra(d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
 
 def from_dict(data: dict[str, Any], path: str) -> Dialect:
     """Build and check a dialect from parsed TOML."""
+    if not isinstance(data, dict):
+        raise TemplateError("a template is a table of sections", location=path)
+    try:
+        return _from_dict(data, path)
+    except TemplateError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        # A value of the wrong shape the explicit checks did not foresee.
+        raise TemplateError(f"invalid template: {type(e).__name__}: {e}", location=path) from None
+
+
+def _from_dict(data: dict[str, Any], path: str) -> Dialect:
     _no_extra(data, ("template", "markers", "names", "roles", "thinking", "images", "json_fallback", "system"),
               path)
     tpl = _take(data, "template", dict, path)
