@@ -39,10 +39,23 @@ def test_mutated_templates_load_or_refuse(data: st.DataObject) -> None:
         t = xtml.Template(from_dict(doc, "mutated"))
     except xtml.TemplateError:
         return
-    try:
-        t.render([{"role": "user", "content": "hi"}])
-    except xtml.XtmlError:
-        pass
+    rich = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+                {"type": "text", "text": "hi"}, {"type": "image"}]},
+             {"role": "assistant", "reasoning_content": "r", "content": "a", "tool_calls": [
+                 {"id": "1", "function": {"name": "f", "arguments": {"x": 1, "y": "z"}}}]},
+             {"role": "tool", "tool_call_id": "1", "content": "ok"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}
+    for thinking in (True, False):
+        try:
+            text = t.render(rich, thinking=thinking).text
+        except xtml.XtmlError:
+            continue
+        try:
+            t.parse(text)
+        except xtml.XtmlError:
+            pass
+        t.parse(text, lenient=True)
 
 
 @given(st.text(max_size=200))

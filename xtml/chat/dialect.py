@@ -126,6 +126,13 @@ class Dialect:
 
 _NAME_KEYS = ("message", "think", "response", "tools", "call", "argument", "json",
               "role", "name", "type", "tool", "index", "key")
+# The values each internal message body is given.
+_PLACEHOLDERS = {
+    "tool-declare": frozenset({"tools"}),
+    "tool-declare-dynamic": frozenset({"tools"}),
+    "thinking-effort": frozenset({"effort"}),
+    "response-format-json-schema": frozenset({"schema"}),
+}
 _SYSTEM_KEYS = ("tool-declare", "tool-declare-dynamic", "thinking-effort", "tool-choice-required",
                 "tool-choice-none", "response-format-json-object", "response-format-json-schema")
 
@@ -219,8 +226,18 @@ def _from_dict(data: dict[str, Any], path: str) -> Dialect:
         pos = _take(entry, "position", str, where)
         if pos not in POSITIONS:
             raise TemplateError(f"position must be one of {', '.join(POSITIONS)}", location=where)
-        system[key] = SystemMessage(key, entry.get("type", key), pos,
-                                    Body.compile(_take(entry, "body", str, where), where))
+        body = Body.compile(_take(entry, "body", str, where), where)
+        want = _PLACEHOLDERS.get(key, frozenset())
+        if set(body.names) != want:
+            unknown = sorted(set(body.names) - want)
+            missing = sorted(want - set(body.names))
+            what = (f"unknown placeholder {{{unknown[0]}}}" if unknown else f"missing placeholder {{{missing[0]}}}")
+            raise TemplateError(f"{what}; this body takes {', '.join('{' + n + '}' for n in sorted(want)) or 'none'}",
+                                location=where)
+        typ = entry.get("type", key)
+        if not isinstance(typ, str):
+            raise TemplateError("type must be a string", location=where)
+        system[key] = SystemMessage(key, typ, pos, body)
     _no_extra(sysd, _SYSTEM_KEYS, f"{path}: system")
     return Dialect(
         name=_take(tpl, "name", str, f"{path}: template"),
