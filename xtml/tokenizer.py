@@ -359,6 +359,9 @@ class Binding:
         """Lexemes of token ids: marker ids become terminals, runs of
         ordinary ids TEXT (decoded; header runs through a cache)."""
         self._check_ids(ids)
+        return self._lex(ids)
+
+    def _lex(self, ids: Sequence[int]) -> Lexemes:
         if len(self._headers) > _CACHE_LIMIT:
             self._headers.clear()
         try:
@@ -381,7 +384,7 @@ class Binding:
             self._bad_id(ids)
         if doc is not None and not self.text_marks:
             return doc
-        return build(self.lex(ids), lenient=lenient)
+        return build(self._lex(ids), lenient=lenient)  # ids were checked above
 
     def _bad_id(self, ids: Sequence[int]) -> NoReturn:
         for i, t in enumerate(ids):

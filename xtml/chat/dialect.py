@@ -262,10 +262,6 @@ def _from_dict(data: dict[str, Any], path: str) -> Dialect:
 BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml"}
 
 
-def builtin_path(name: str) -> str:
-    return str(resources.files("xtml.dialects").joinpath(BUILTIN[name]))
-
-
 def load_dialect(name_or_path: str | Path) -> Dialect:
     """A built-in dialect by name, or a dialect file by path."""
     key = str(name_or_path)

@@ -120,14 +120,6 @@ def _node(x: Any) -> Node:
     return x  # type: ignore[no-any-return]
 
 
-def _depth(nodes: tuple[Node, ...], d: int = 0) -> int:
-    best = d
-    for n in nodes:
-        if isinstance(n, Element):
-            best = max(best, _depth(n.children, d + 1))
-    return best
-
-
 def parse_lexemes(lx: Lexemes, *, source: str | None = None) -> Document:
     """Parse lexemes with the grammar. ``source`` (the text form) turns
     offsets into line and column in errors."""

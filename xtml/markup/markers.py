@@ -24,7 +24,6 @@ EMBED_END = "EMBED_END"
 EMBED_MARK = "EMBED_MARK"
 TEXT = "TEXT"
 
-STRUCTURAL = (OPEN, CLOSE, SEP, END)
 
 
 @dataclass(frozen=True, slots=True)
