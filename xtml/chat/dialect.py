@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,23 @@ class SystemMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Training:
+    """Which parts of a rendered request a loss mask trains by default."""
+
+    roles: tuple[str, ...] = ("assistant",)
+    """Messages of these roles are trained."""
+    channels: tuple[str, ...] = ()
+    """Names of the channel elements of a trained message that are trained,
+    tags included. Empty: the whole message body."""
+    exclude: tuple[str, ...] = ()
+    """Element names never trained, even inside a trained channel."""
+    end: bool = True
+    """Whether a trained message's end-of-message marker is trained."""
+    budgets: dict[str, int] = field(default_factory=dict)
+    """Token budget of the think channel per thinking effort."""
+
+
+@dataclass(frozen=True, slots=True)
 class Dialect:
     """Everything the chat layer needs to know about one model's format."""
 
@@ -118,6 +135,7 @@ class Dialect:
     json_fallback_type: str
     system: dict[str, SystemMessage]
     path: str
+    training: Training = field(default_factory=lambda: Training())
 
     def n(self, key: str) -> str:
         """An element or attribute name by its role (``message``, ``role`` ...)."""
@@ -172,8 +190,8 @@ def from_dict(data: dict[str, Any], path: str) -> Dialect:
 
 
 def _from_dict(data: dict[str, Any], path: str) -> Dialect:
-    _no_extra(data, ("template", "markers", "names", "roles", "thinking", "images", "json_fallback", "system"),
-              path)
+    _no_extra(data, ("template", "markers", "names", "roles", "thinking", "images", "json_fallback", "system",
+                     "training"), path)
     tpl = _take(data, "template", dict, path)
     _no_extra(tpl, ("name", "description"), f"{path}: template")
     mk = _take(data, "markers", dict, path)
@@ -256,6 +274,32 @@ def _from_dict(data: dict[str, Any], path: str) -> Dialect:
         json_fallback_type=str(jf.get("type", "object")),
         system=system,
         path=path,
+        training=_training(data.get("training", {}), efforts, f"{path}: training"),
+    )
+
+
+def _training(tr: Any, efforts: tuple[str, ...], where: str) -> Training:
+    if not isinstance(tr, dict):
+        raise TemplateError("training must be a table", location=where)
+    _no_extra(tr, ("roles", "channels", "exclude", "end", "budgets"), where)
+    budgets = tr.get("budgets", {})
+    if not isinstance(budgets, dict):
+        raise TemplateError("budgets must be a table of effort = tokens", location=f"{where}.budgets")
+    for k, v in budgets.items():
+        if k not in efforts:
+            raise TemplateError(f"budget for unknown effort {k!r}; efforts are {', '.join(efforts)}",
+                                location=f"{where}.budgets")
+        if type(v) is not int or v <= 0:
+            raise TemplateError(f"budget {k!r} must be a positive integer", location=f"{where}.budgets.{k}")
+    end = tr.get("end", True)
+    if type(end) is not bool:
+        raise TemplateError("end must be true or false", location=f"{where}.end")
+    return Training(
+        roles=_strs(tr.get("roles", ["assistant"]), f"{where}.roles"),
+        channels=_strs(tr.get("channels", []), f"{where}.channels"),
+        exclude=_strs(tr.get("exclude", []), f"{where}.exclude"),
+        end=end,
+        budgets=dict(budgets),
     )
 
 
