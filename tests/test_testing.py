@@ -67,7 +67,12 @@ default = false
 efforts = ["a", "b"]
 default_effort = "b"
 off = ["off"]
-[images]
+[channels]
+order = ["think", "tools", "response"]
+[generation]
+plain = ""
+thinking = "think"
+[plugins.image]
 placeholder = "[[pic]]"
 part_types = ["picture", "image"]
 prompt = '^\[\[img\]\]size=[1-9][0-9]?(?:\[\[px\]\])*\[\[/img\]\]$'

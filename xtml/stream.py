@@ -105,7 +105,8 @@ class StreamParser:
             self._stream = DecodeStream(skip_special_tokens=False)
         n = self.names
         self._channels = {n["think"], n["response"], n["tools"]}
-        self._stack: list[str] = [n["message"], n["think"] if self.thinking else n["response"]]
+        opened = d.prompt_tag(self.thinking)
+        self._stack: list[str] = [n["message"], *([opened] if opened else [])]
         self._header: list[int] | None = None
         self._header_kind = ""
         self._header_at = 0
@@ -164,7 +165,8 @@ class StreamParser:
         if at == 0:
             # The generation prompt opened the message and its first channel.
             out.append(StreamEvent("message_start", at, role="assistant"))
-            out.append(StreamEvent("channel_start", at, channel=self._stack[-1]))
+            if len(self._stack) > 1:
+                out.append(StreamEvent("channel_start", at, channel=self._stack[-1]))
         kind = self._kinds.get(t)
         if self._header is not None:
             if kind is None:

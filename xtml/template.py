@@ -125,8 +125,9 @@ class Template:
     def _prompt_nodes(self, thinking: bool | None) -> list[Element]:
         n = self.dialect.names
         on = self.dialect.thinking_default if thinking is None else thinking
-        channel = Element(n["think"] if on else n["response"], (), (), closed=False)
-        return [Element(n["message"], ((n["role"], "assistant"),), (channel,), closed=False)]
+        tag = self.dialect.prompt_tag(on)
+        channel = (Element(tag, (), (), closed=False),) if tag else ()
+        return [Element(n["message"], ((n["role"], "assistant"),), channel, closed=False)]
 
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,
                lenient: bool = True) -> StreamParser:

@@ -150,13 +150,13 @@ def _pieces(template: Template | None) -> _Pieces:
     frags: list[str] = []
     for t in templates:
         m, n, d = t.markers, t.dialect.names, t.dialect
-        markers += [*m.all(), d.image_placeholder]
+        markers += [*m.all(), *([d.image_placeholder] if d.image_placeholder else [])]
         frags += [
             f"{m.close}{n['argument']}{m.sep}",
             f"{m.close}{n['message']}{m.sep}{m.end}",
             f'{m.open}{n["message"]} {n["role"]}="system"{m.sep}',
             f'{m.open}{n["message"]} {n["role"]}="user"{m.sep}',
-            f'{m.open}{n["message"]} {n["role"]}="assistant"{m.sep}{m.open}{n["think"]}{m.sep}',
+            f'{m.open}{n["message"]} {n["role"]}="assistant"{m.sep}{m.open}{d.prompt_tag(True) or n["think"]}{m.sep}',
             f"{m.close}{n['think']}{m.sep}{m.open}{n['response']}{m.sep}",
             f'{m.open}{n["call"]} {n["tool"]}="x" {n["index"]}="1"{m.sep}',
             f'{m.open}{n["argument"]} {n["key"]}="a" {n["type"]}="string"{m.sep}',
@@ -487,6 +487,8 @@ def _count_images(template: Template, messages: list[dict[str, Any]]) -> int:
     d = template.dialect
     ph = d.image_placeholder
     n = 0
+    if not ph:
+        return 0
     for m in messages:
         if m.get("tools") and d.role_aliases.get(m["role"], m["role"]) == "system":
             continue

@@ -17,6 +17,8 @@ from typing import Any
 from ..errors import TemplateError
 from ..markup.header import is_name
 from ..markup.markers import Markers
+from ..plugins import get as get_plugin
+from ..plugins.image import ImageSettings
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -130,18 +132,40 @@ class Dialect:
     default_effort: str
     thinking_off: tuple[str, ...]
     image_placeholder: str
+    """Empty when the template has no images."""
     image_part_types: tuple[str, ...]
     image_prompt: re.Pattern[str]
     json_fallback_type: str
     system: dict[str, SystemMessage]
     path: str
+    channel_order: tuple[str, ...] = ("think", "response", "tools")
+    """Keys (in ``names``) of an assistant message's channels, in the order
+    they are written."""
+    prompt_channel: tuple[str, str] = ("response", "think")
+    """Keys of the channel the generation prompt opens without and with
+    thinking; empty: none."""
+    plugins: dict[str, Any] = field(default_factory=dict)
+    """Enabled plugins: name → the configuration the plugin made of its
+    settings."""
     training: Training = field(default_factory=lambda: Training())
 
     def n(self, key: str) -> str:
         """An element or attribute name by its role (``message``, ``role`` ...)."""
         return self.names[key]
 
+    def channels(self) -> tuple[str, ...]:
+        """Element names of the assistant channels, in order."""
+        return tuple(self.names[k] for k in self.channel_order)
 
+    def prompt_tag(self, thinking: bool) -> str:
+        """The element name the generation prompt opens, or ``""``."""
+        key = self.prompt_channel[thinking]
+        return self.names[key] if key else ""
+
+
+SECTIONS = ("template", "markers", "names", "roles", "channels", "generation", "thinking", "plugins",
+            "json_fallback", "system", "training")
+_CHANNELS = ("think", "response", "tools")
 _NAME_KEYS = ("message", "think", "response", "tools", "call", "argument", "json",
               "role", "name", "type", "tool", "index", "key")
 # The values each internal message body is given.
@@ -190,8 +214,7 @@ def from_dict(data: dict[str, Any], path: str) -> Dialect:
 
 
 def _from_dict(data: dict[str, Any], path: str) -> Dialect:
-    _no_extra(data, ("template", "markers", "names", "roles", "thinking", "images", "json_fallback", "system",
-                     "training"), path)
+    _no_extra(data, SECTIONS, path)
     tpl = _take(data, "template", dict, path)
     _no_extra(tpl, ("name", "description"), f"{path}: template")
     mk = _take(data, "markers", dict, path)
@@ -228,12 +251,11 @@ def _from_dict(data: dict[str, Any], path: str) -> Dialect:
     default_effort = _take(th, "default_effort", str, f"{path}: thinking")
     if default_effort not in efforts:
         raise TemplateError("default_effort is not one of efforts", location=f"{path}: thinking")
-    im = _take(data, "images", dict, path)
-    _no_extra(im, ("placeholder", "part_types", "prompt"), f"{path}: images")
-    try:
-        prompt = re.compile(_take(im, "prompt", str, f"{path}: images"))
-    except re.error as e:
-        raise TemplateError(f"bad image prompt pattern: {e}", location=f"{path}: images.prompt") from None
+    channel_order, prompt_channel = _channels(data, path)
+    plugins = _plugins(data.get("plugins", {}), f"{path}: plugins")
+    images = plugins.get("image")
+    if images is not None and not isinstance(images, ImageSettings):
+        raise TemplateError("the plugin named 'image' must configure images", location=f"{path}: plugins.image")
     jf = data.get("json_fallback", {"type": "object"})
     sysd = _take(data, "system", dict, path)
     system: dict[str, SystemMessage] = {}
@@ -268,14 +290,56 @@ def _from_dict(data: dict[str, Any], path: str) -> Dialect:
         efforts=efforts,
         default_effort=default_effort,
         thinking_off=_strs(th.get("off", []), f"{path}: thinking.off"),
-        image_placeholder=_take(im, "placeholder", str, f"{path}: images"),
-        image_part_types=_strs(im.get("part_types", ["image"]), f"{path}: images.part_types"),
-        image_prompt=prompt,
+        image_placeholder=images.placeholder if images else "",
+        image_part_types=images.part_types if images else (),
+        image_prompt=images.prompt if images else _NEVER,
         json_fallback_type=str(jf.get("type", "object")),
         system=system,
         path=path,
         training=_training(data.get("training", {}), efforts, f"{path}: training"),
+        channel_order=channel_order,
+        prompt_channel=prompt_channel,
+        plugins=plugins,
     )
+
+
+_NEVER = re.compile("(?!)")
+
+
+def _channels(data: dict[str, Any], path: str) -> tuple[tuple[str, ...], tuple[str, str]]:
+    ch = data.get("channels", {})
+    where = f"{path}: channels"
+    if not isinstance(ch, dict):
+        raise TemplateError("channels must be a table", location=where)
+    _no_extra(ch, ("order",), where)
+    order = _strs(ch.get("order", list(_CHANNELS)), f"{where}.order")
+    if sorted(order) != sorted(_CHANNELS):
+        raise TemplateError(f"order must list each of {', '.join(_CHANNELS)} once", location=f"{where}.order")
+    gen = data.get("generation", {})
+    where = f"{path}: generation"
+    if not isinstance(gen, dict):
+        raise TemplateError("generation must be a table", location=where)
+    _no_extra(gen, ("thinking", "plain"), where)
+    picked: list[str] = []
+    for mode, default in (("plain", "response"), ("thinking", "think")):
+        v = gen.get(mode, default)
+        if not isinstance(v, str) or (v and v not in _CHANNELS):
+            raise TemplateError(f"{mode} must be one of {', '.join(_CHANNELS)}, or \"\" to open none",
+                                location=f"{where}.{mode}")
+        picked.append(v)
+    return order, (picked[0], picked[1])
+
+
+def _plugins(pl: Any, where: str) -> dict[str, Any]:
+    if not isinstance(pl, dict):
+        raise TemplateError("plugins must be a table of [plugins.NAME] tables", location=where)
+    out: dict[str, Any] = {}
+    for name, settings in pl.items():
+        here = f"{where}.{name}"
+        if not isinstance(settings, dict):
+            raise TemplateError(f"[plugins.{name}] must be a table of settings", location=here)
+        out[name] = get_plugin(name, here).configure(settings, here)
+    return out
 
 
 def _training(tr: Any, efforts: tuple[str, ...], where: str) -> Training:

@@ -138,7 +138,7 @@ class _Reader:
         msg: dict[str, Any] = {"role": "assistant"}
         if a.get(n["name"]):
             msg["name"] = a[n["name"]]
-        order = {n["think"]: 0, n["response"]: 1, n["tools"]: 2}
+        order = {tag: k for k, tag in enumerate(self.d.channels())}
         seen: dict[str, Element] = {}
         last = -1
         for c in el.children:
@@ -336,10 +336,14 @@ class _Reader:
 
     def _is_prompt(self, el: Element, thinking: bool) -> bool:
         n = self.n
-        if el.attrs != ((n["role"], "assistant"),) or len(el.children) != 1:
+        if el.attrs != ((n["role"], "assistant"),):
+            return False
+        want = self.d.prompt_tag(thinking)
+        if not want:
+            return not el.children
+        if len(el.children) != 1:
             return False
         ch = el.children[0]
-        want = n["think"] if thinking else n["response"]
         return isinstance(ch, Element) and ch.tag == want and not ch.closed and not ch.children and not ch.attrs
 
     def _option(self, el: Element, sm: SystemMessage, values: dict[str, str], options: dict[str, Any],

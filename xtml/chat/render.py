@@ -88,19 +88,22 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
         if m.role != "assistant":
             body(m.parts)
         else:
-            if o.thinking:
-                sink.element(think, (), m.reasoning)
-            if len(m.parts) == 1 and type(m.parts[0]) is str:
-                sink.element(response, (), m.parts[0])
-            else:
-                sink.open(response)
-                body(m.parts)
-                sink.close()
-            if m.calls:
-                sink.open(n["tools"])
-                for k, c in enumerate(m.calls, start=1):
-                    _call(d, c, k, m.index, sink)
-                sink.close()
+            for ch in d.channel_order:
+                if ch == "think":
+                    if o.thinking:
+                        sink.element(think, (), m.reasoning)
+                elif ch == "response":
+                    if len(m.parts) == 1 and type(m.parts[0]) is str:
+                        sink.element(response, (), m.parts[0])
+                    else:
+                        sink.open(response)
+                        body(m.parts)
+                        sink.close()
+                elif m.calls:
+                    sink.open(n["tools"])
+                    for k, c in enumerate(m.calls, start=1):
+                        _call(d, c, k, m.index, sink)
+                    sink.close()
         sink.close()
         sink.end()
     if o.tool_choice is not None:
@@ -113,7 +116,9 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
             internal("response-format-json-schema", schema=json_compact(schema, "response_format"))
     if o.add_generation_prompt:
         sink.open(msg_tag, ((role, "assistant"),))
-        sink.open(think if o.thinking else response)
+        channel = d.prompt_tag(o.thinking)
+        if channel:
+            sink.open(channel)
     images.check()
 
 

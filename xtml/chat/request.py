@@ -275,6 +275,9 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
         raise OptionError("add_generation_prompt must be true or false", option="add_generation_prompt")
     prompts = opts.get("image_prompts")
     if prompts is not None:
+        if not d.image_part_types:
+            raise OptionError("this template has no images (its [plugins.image] is not enabled)",
+                              option="image_prompts")
         if not isinstance(prompts, list | tuple):
             raise OptionError("image_prompts must be a list of strings", option="image_prompts")
         prompts = list(prompts)
@@ -406,7 +409,7 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
             raise MessageError("a content part must be an object", index=i, path=where)
         t = part.get("type")
         # "image" is also the normal form's own spelling, whatever the template.
-        if t in d.image_part_types or t == "image":
+        if d.image_part_types and (t in d.image_part_types or t == "image"):
             parts.append(Image())
         elif t in TEXT_PART_TYPES:
             if "text" not in part:
