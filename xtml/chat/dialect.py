@@ -7,6 +7,7 @@ internal system messages. Loading one never runs code.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -166,229 +167,450 @@ class Dialect:
 SECTIONS = ("template", "markers", "names", "roles", "channels", "generation", "thinking", "plugins",
             "json_fallback", "system", "training")
 _CHANNELS = ("think", "response", "tools")
-_NAME_KEYS = ("message", "think", "response", "tools", "call", "argument", "json",
-              "role", "name", "type", "tool", "index", "key")
+NAME_KEYS = ("message", "think", "response", "tools", "call", "argument", "json",
+             "role", "name", "type", "tool", "index", "key")
 # The values each internal message body is given.
-_PLACEHOLDERS = {
+PLACEHOLDERS = {
     "tool-declare": frozenset({"tools"}),
     "tool-declare-dynamic": frozenset({"tools"}),
     "thinking-effort": frozenset({"effort"}),
     "response-format-json-schema": frozenset({"schema"}),
 }
-_SYSTEM_KEYS = ("tool-declare", "tool-declare-dynamic", "thinking-effort", "tool-choice-required",
-                "tool-choice-none", "response-format-json-object", "response-format-json-schema")
-
-
-def _take(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if key not in d:
-        raise TemplateError(f"missing key {key!r}", location=where)
-    v = d[key]
-    if not isinstance(v, typ):
-        raise TemplateError(f"key {key!r} has the wrong type ({type(v).__name__})", location=where)
-    return v
-
-
-def _strs(v: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise TemplateError("expected a list of strings", location=where)
-    return tuple(v)
-
-
-def _no_extra(d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise TemplateError(f"unknown key {k!r}", location=where)
-
-
-def from_dict(data: dict[str, Any], path: str) -> Dialect:
-    """Build and check a dialect from parsed TOML."""
-    if not isinstance(data, dict):
-        raise TemplateError("a template is a table of sections", location=path)
-    try:
-        return _from_dict(data, path)
-    except TemplateError:
-        raise
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
-        # A value of the wrong shape the explicit checks did not foresee.
-        raise TemplateError(f"invalid template: {type(e).__name__}: {e}", location=path) from None
-
-
-def _from_dict(data: dict[str, Any], path: str) -> Dialect:
-    _no_extra(data, SECTIONS, path)
-    tpl = _take(data, "template", dict, path)
-    _no_extra(tpl, ("name", "description"), f"{path}: template")
-    mk = _take(data, "markers", dict, path)
-    w = f"{path}: markers"
-    _no_extra(mk, ("open", "close", "sep", "end", "embed_begin", "embed_inner", "embed_end", "embed_mark",
-                   "optional", "stop"), w)
-    markers = Markers(
-        open=_take(mk, "open", str, w),
-        close=_take(mk, "close", str, w),
-        sep=_take(mk, "sep", str, w),
-        end=_take(mk, "end", str, w),
-        embed_begin=_strs(mk.get("embed_begin", []), f"{w}.embed_begin"),
-        embed_inner=_strs(mk.get("embed_inner", []), f"{w}.embed_inner"),
-        embed_end=_strs(mk.get("embed_end", []), f"{w}.embed_end"),
-        embed_mark=_strs(mk.get("embed_mark", []), f"{w}.embed_mark"),
-        optional=frozenset(_strs(mk.get("optional", []), f"{w}.optional")),
-        stop=_strs(mk.get("stop", [mk.get("end", "")]), f"{w}.stop"),
-    )
-    nm = _take(data, "names", dict, path)
-    _no_extra(nm, _NAME_KEYS, f"{path}: names")
-    names = {}
-    for k in _NAME_KEYS:
-        v = _take(nm, k, str, f"{path}: names")
-        if not is_name(v):
-            raise TemplateError(f"{v!r} is not a valid tag or attribute name", location=f"{path}: names.{k}")
-        names[k] = v
-    ro = _take(data, "roles", dict, path)
-    _no_extra(ro, ("accepted", "aliases"), f"{path}: roles")
-    roles = _strs(_take(ro, "accepted", list, f"{path}: roles"), f"{path}: roles.accepted")
-    aliases = dict(ro.get("aliases", {}))
-    th = _take(data, "thinking", dict, path)
-    _no_extra(th, ("default", "efforts", "default_effort", "off"), f"{path}: thinking")
-    efforts = _strs(_take(th, "efforts", list, f"{path}: thinking"), f"{path}: thinking.efforts")
-    default_effort = _take(th, "default_effort", str, f"{path}: thinking")
-    if default_effort not in efforts:
-        raise TemplateError("default_effort is not one of efforts", location=f"{path}: thinking")
-    channel_order, prompt_channel = _channels(data, path)
-    plugins = _plugins(data.get("plugins", {}), f"{path}: plugins")
-    images = plugins.get("image")
-    if images is not None and not isinstance(images, ImageSettings):
-        raise TemplateError("the plugin named 'image' must configure images", location=f"{path}: plugins.image")
-    jf = data.get("json_fallback", {"type": "object"})
-    sysd = _take(data, "system", dict, path)
-    system: dict[str, SystemMessage] = {}
-    for key in _SYSTEM_KEYS:
-        where = f"{path}: system.{key}"
-        entry = _take(sysd, key, dict, f"{path}: system")
-        _no_extra(entry, ("type", "position", "body"), where)
-        pos = _take(entry, "position", str, where)
-        if pos not in POSITIONS:
-            raise TemplateError(f"position must be one of {', '.join(POSITIONS)}", location=where)
-        body = Body.compile(_take(entry, "body", str, where), where)
-        want = _PLACEHOLDERS.get(key, frozenset())
-        if set(body.names) != want:
-            unknown = sorted(set(body.names) - want)
-            missing = sorted(want - set(body.names))
-            what = (f"unknown placeholder {{{unknown[0]}}}" if unknown else f"missing placeholder {{{missing[0]}}}")
-            raise TemplateError(f"{what}; this body takes {', '.join('{' + n + '}' for n in sorted(want)) or 'none'}",
-                                location=where)
-        typ = entry.get("type", key)
-        if not isinstance(typ, str):
-            raise TemplateError("type must be a string", location=where)
-        system[key] = SystemMessage(key, typ, pos, body)
-    _no_extra(sysd, _SYSTEM_KEYS, f"{path}: system")
-    return Dialect(
-        name=_take(tpl, "name", str, f"{path}: template"),
-        description=tpl.get("description", ""),
-        markers=markers,
-        names=names,
-        roles=roles,
-        role_aliases=aliases,
-        thinking_default=bool(th.get("default", True)),
-        efforts=efforts,
-        default_effort=default_effort,
-        thinking_off=_strs(th.get("off", []), f"{path}: thinking.off"),
-        image_placeholder=images.placeholder if images else "",
-        image_part_types=images.part_types if images else (),
-        image_prompt=images.prompt if images else _NEVER,
-        json_fallback_type=str(jf.get("type", "object")),
-        system=system,
-        path=path,
-        training=_training(data.get("training", {}), efforts, f"{path}: training"),
-        channel_order=channel_order,
-        prompt_channel=prompt_channel,
-        plugins=plugins,
-    )
-
-
+SYSTEM_KEYS = ("tool-declare", "tool-declare-dynamic", "thinking-effort", "tool-choice-required",
+               "tool-choice-none", "response-format-json-object", "response-format-json-schema")
+_MARKER_KEYS = ("open", "close", "sep", "end", "embed_begin", "embed_inner", "embed_end", "embed_mark",
+                "optional", "stop")
 _NEVER = re.compile("(?!)")
 
 
-def _channels(data: dict[str, Any], path: str) -> tuple[tuple[str, ...], tuple[str, str]]:
-    ch = data.get("channels", {})
-    where = f"{path}: channels"
-    if not isinstance(ch, dict):
-        raise TemplateError("channels must be a table", location=where)
-    _no_extra(ch, ("order",), where)
-    order = _strs(ch.get("order", list(_CHANNELS)), f"{where}.order")
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a template file."""
+
+    message: str
+    key: str
+    """Dotted key path of the offending value (``markers.open``), or ``""``
+    for the file as a whole."""
+    hint: str = ""
+    line: int | None = None
+    column: int | None = None
+
+    def where(self, file: str) -> str:
+        pos = f"{file}:{self.line}:{self.column}" if self.line is not None else file
+        return f"{pos}: {self.key}" if self.key else pos
+
+
+class _Stop(Exception):
+    """A section is too broken to read further; its problem is recorded."""
+
+
+class _Check:
+    """Collects problems so a file's every mistake is reported at once; the
+    loader raises the first, ``xtml validate`` lists them all."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(self, message: str, key: str, hint: str = "") -> None:
+        self.problems.append(Problem(message, key, hint))
+
+    def keys(self, d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+        for k in d:
+            if k not in allowed:
+                close = difflib.get_close_matches(k, allowed, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed here: {', '.join(allowed)}"
+                self.add(f"unknown key {k!r}", _join(where, k), hint)
+
+    def table(self, d: dict[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
+        if key not in d:
+            if required:
+                full = _join(where, key)
+                self.add(f"missing [{full}] table", full, f"add a [{full}] table")
+            return {}
+        v = d[key]
+        if not isinstance(v, dict):
+            self.add(f"{key!r} must be a table, not {_toml_type(v)}", _join(where, key))
+            return {}
+        return v
+
+    def value(self, d: dict[str, Any], key: str, typ: type, where: str, default: Any = _Stop) -> Any:
+        here = _join(where, key)
+        if key not in d:
+            if default is _Stop:
+                self.add(f"missing key {key!r}", here, f"add {key} = <{_toml_name(typ)}>")
+                raise _Stop
+            return default
+        v = d[key]
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            self.add(f"{key!r} must be {_toml_name(typ)}, not {_toml_type(v)}", here)
+            raise _Stop
+        return v
+
+    def strings(self, d: dict[str, Any], key: str, where: str, default: list[str] | None = None) -> tuple[str, ...]:
+        v = self.value(d, key, list, where, default=default if default is not None else _Stop)
+        if not all(isinstance(x, str) for x in v):
+            self.add(f"{key!r} must be a list of strings", _join(where, key))
+            raise _Stop
+        return tuple(v)
+
+    def section(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(self, *args)
+        except _Stop:
+            return None
+        except TemplateError as e:
+            self.add(e.msg, e.location or "")
+            return None
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _toml_name(typ: type) -> str:
+    return {str: "a string", list: "an array", dict: "a table", bool: "true or false", int: "an integer"}.get(
+        typ, typ.__name__)
+
+
+def _toml_type(v: Any) -> str:
+    for typ in (bool, str, list, dict, int, float):
+        if isinstance(v, typ):
+            return _toml_name(typ).removeprefix("a ").removeprefix("an ")
+    return type(v).__name__
+
+
+def _markers(c: _Check, data: dict[str, Any]) -> Markers:
+    mk = c.table(data, "markers", "")
+    c.keys(mk, _MARKER_KEYS, "markers")
+    single = {k: c.section(lambda c, k=k: c.value(mk, k, str, "markers")) for k in ("open", "close", "sep", "end")}
+    groups = {k: c.section(lambda c, k=k: c.strings(mk, k, "markers", [])) or ()
+              for k in ("embed_begin", "embed_inner", "embed_end", "embed_mark", "optional", "stop")}
+    if any(v is None for v in single.values()):
+        raise _Stop
+    where: dict[str, str] = {}
+    keyed = [(f"markers.{k}", v) for k, v in single.items()]
+    for k in ("embed_begin", "embed_inner", "embed_end", "embed_mark"):
+        keyed += [(f"markers.{k}[{j}]", v) for j, v in enumerate(groups[k])]
+    for key, v in keyed:
+        if v in where:
+            c.add(f"marker {v!r} is used twice ({where[v]} and {key})", key, "every marker needs its own string")
+        where.setdefault(v, key)
+    for v, key in where.items():
+        if not v:
+            c.add("a marker string is empty", key)
+    for a, ka in where.items():
+        for b, kb in where.items():
+            if a and a != b and a in b:
+                c.add(f"marker {a!r} ({ka}) is contained in marker {b!r} ({kb}), so text could not be split",
+                      ka, "choose strings where neither is part of the other")
+    for k in ("optional", "stop"):
+        for v in groups[k]:
+            if v not in where:
+                c.add(f"{v!r} is not one of the markers", f"markers.{k}", "list marker strings defined above")
+    stop = groups["stop"] or (single["end"],)
+    if c.problems:
+        raise _Stop
+    return Markers(open=single["open"], close=single["close"], sep=single["sep"], end=single["end"],
+                   embed_begin=groups["embed_begin"], embed_inner=groups["embed_inner"],
+                   embed_end=groups["embed_end"], embed_mark=groups["embed_mark"],
+                   optional=frozenset(groups["optional"]), stop=stop)
+
+
+def _names(c: _Check, data: dict[str, Any]) -> dict[str, str]:
+    nm = c.table(data, "names", "")
+    c.keys(nm, NAME_KEYS, "names")
+    names: dict[str, str] = {}
+    for k in NAME_KEYS:
+        v = c.section(lambda c, k=k: c.value(nm, k, str, "names"))
+        if v is None:
+            continue
+        if not is_name(v):
+            c.add(f"{v!r} is not a valid tag or attribute name", f"names.{k}",
+                  "a name starts with a letter or _ and holds letters, digits, _ - . :")
+        names[k] = v
+    elements = [k for k in ("message", "think", "response", "tools", "call", "argument", "json") if k in names]
+    seen: dict[str, str] = {}
+    for k in elements:
+        if names[k] in seen:
+            c.add(f"element name {names[k]!r} is used for both {seen[names[k]]} and {k}", f"names.{k}",
+                  "each element needs its own name")
+        seen.setdefault(names[k], k)
+    if len(names) != len(NAME_KEYS):
+        raise _Stop
+    return names
+
+
+def _roles(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:
+    ro = c.table(data, "roles", "")
+    c.keys(ro, ("accepted", "aliases"), "roles")
+    roles = c.strings(ro, "accepted", "roles")
+    for r in ("system", "user", "assistant", "tool"):
+        if r not in roles:
+            c.add(f"roles.accepted must include {r!r}", "roles.accepted")
+    aliases = c.value(ro, "aliases", dict, "roles", default={})
+    for k, v in aliases.items():
+        if not isinstance(v, str) or v not in roles:
+            c.add(f"alias {k!r} must name an accepted role", f"roles.aliases.{k}")
+    return roles, dict(aliases)
+
+
+def _thinking(c: _Check, data: dict[str, Any]) -> tuple[bool, tuple[str, ...], str, tuple[str, ...]]:
+    th = c.table(data, "thinking", "")
+    c.keys(th, ("default", "efforts", "default_effort", "off"), "thinking")
+    default = c.value(th, "default", bool, "thinking", default=True)
+    efforts = c.strings(th, "efforts", "thinking")
+    if not efforts:
+        c.add("efforts must not be empty", "thinking.efforts")
+        raise _Stop
+    effort = c.value(th, "default_effort", str, "thinking")
+    if effort not in efforts:
+        c.add(f"default_effort {effort!r} is not one of efforts", "thinking.default_effort",
+              f"pick one of {', '.join(efforts)}")
+    off = c.strings(th, "off", "thinking", [])
+    return default, efforts, effort, off
+
+
+def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, str]]:
+    ch = c.table(data, "channels", "", required=False)
+    c.keys(ch, ("order",), "channels")
+    order = c.strings(ch, "order", "channels", list(_CHANNELS))
     if sorted(order) != sorted(_CHANNELS):
-        raise TemplateError(f"order must list each of {', '.join(_CHANNELS)} once", location=f"{where}.order")
-    gen = data.get("generation", {})
-    where = f"{path}: generation"
-    if not isinstance(gen, dict):
-        raise TemplateError("generation must be a table", location=where)
-    _no_extra(gen, ("thinking", "plain"), where)
+        c.add(f"order must list each of {', '.join(_CHANNELS)} once", "channels.order")
+    gen = c.table(data, "generation", "", required=False)
+    c.keys(gen, ("plain", "thinking"), "generation")
     picked: list[str] = []
     for mode, default in (("plain", "response"), ("thinking", "think")):
-        v = gen.get(mode, default)
-        if not isinstance(v, str) or (v and v not in _CHANNELS):
-            raise TemplateError(f"{mode} must be one of {', '.join(_CHANNELS)}, or \"\" to open none",
-                                location=f"{where}.{mode}")
+        v = c.value(gen, mode, str, "generation", default=default)
+        if v and v not in _CHANNELS:
+            c.add(f"{mode} must be one of {', '.join(_CHANNELS)}, or \"\" to open none", f"generation.{mode}")
         picked.append(v)
     return order, (picked[0], picked[1])
 
 
-def _plugins(pl: Any, where: str) -> dict[str, Any]:
-    if not isinstance(pl, dict):
-        raise TemplateError("plugins must be a table of [plugins.NAME] tables", location=where)
+def _plugins(c: _Check, data: dict[str, Any]) -> dict[str, Any]:
+    pl = c.table(data, "plugins", "", required=False)
     out: dict[str, Any] = {}
     for name, settings in pl.items():
-        here = f"{where}.{name}"
+        here = f"plugins.{name}"
         if not isinstance(settings, dict):
-            raise TemplateError(f"[plugins.{name}] must be a table of settings", location=here)
-        out[name] = get_plugin(name, here).configure(settings, here)
+            c.add(f"[{here}] must be a table of settings", here)
+            continue
+        try:
+            out[name] = get_plugin(name, here).configure(settings, here)
+        except TemplateError as e:
+            hint = "pip install the package that provides it" if "not installed" in e.msg else ""
+            c.add(e.msg, e.location or here, hint)
+        except Exception as e:  # a plugin's own bug must not pass for a valid template
+            c.add(f"plugin {name!r} failed on its settings: {type(e).__name__}: {e}", here)
+    images = out.get("image")
+    if images is not None and not isinstance(images, ImageSettings):
+        c.add("the plugin named 'image' must configure images", "plugins.image")
+        del out["image"]
     return out
 
 
-def _training(tr: Any, efforts: tuple[str, ...], where: str) -> Training:
-    if not isinstance(tr, dict):
-        raise TemplateError("training must be a table", location=where)
-    _no_extra(tr, ("roles", "channels", "exclude", "end", "budgets"), where)
-    budgets = tr.get("budgets", {})
-    if not isinstance(budgets, dict):
-        raise TemplateError("budgets must be a table of effort = tokens", location=f"{where}.budgets")
+def _system(c: _Check, data: dict[str, Any]) -> dict[str, SystemMessage]:
+    sysd = c.table(data, "system", "")
+    c.keys(sysd, SYSTEM_KEYS, "system")
+    system: dict[str, SystemMessage] = {}
+    for key in SYSTEM_KEYS:
+        sm = c.section(_system_entry, sysd, key)
+        if sm is not None:
+            system[key] = sm
+    if len(system) != len(SYSTEM_KEYS):
+        raise _Stop
+    return system
+
+
+def _system_entry(c: _Check, sysd: dict[str, Any], key: str) -> SystemMessage:
+    where = f"system.{key}"
+    entry = c.table(sysd, key, "system")
+    if not entry:
+        raise _Stop
+    c.keys(entry, ("type", "position", "body"), where)
+    pos = c.value(entry, "position", str, where)
+    if pos not in POSITIONS:
+        c.add(f"position {pos!r} is not one of {', '.join(POSITIONS)}", f"{where}.position")
+    body = Body.compile(c.value(entry, "body", str, where), f"{where}.body")
+    want = PLACEHOLDERS.get(key, frozenset())
+    takes = ", ".join("{" + n + "}" for n in sorted(want)) or "no placeholder"
+    for name in body.names:
+        if name not in want:
+            c.add(f"unknown placeholder {{{name}}}", f"{where}.body", f"this body takes {takes}")
+    for name in sorted(want - set(body.names)):
+        c.add(f"missing placeholder {{{name}}}", f"{where}.body", f"this body takes {takes}")
+    typ = c.value(entry, "type", str, where, default=key)
+    return SystemMessage(key, typ, pos, body)
+
+
+def _training(c: _Check, data: dict[str, Any], efforts: tuple[str, ...], names: dict[str, str]) -> Training:
+    where = "training"
+    tr = c.table(data, "training", "", required=False)
+    c.keys(tr, ("roles", "channels", "exclude", "end", "budgets"), where)
+    budgets = c.value(tr, "budgets", dict, where, default={})
     for k, v in budgets.items():
         if k not in efforts:
-            raise TemplateError(f"budget for unknown effort {k!r}; efforts are {', '.join(efforts)}",
-                                location=f"{where}.budgets")
+            c.add(f"budget for unknown effort {k!r}", f"{where}.budgets.{k}", f"efforts are {', '.join(efforts)}")
         if type(v) is not int or v <= 0:
-            raise TemplateError(f"budget {k!r} must be a positive integer", location=f"{where}.budgets.{k}")
-    end = tr.get("end", True)
-    if type(end) is not bool:
-        raise TemplateError("end must be true or false", location=f"{where}.end")
-    return Training(
-        roles=_strs(tr.get("roles", ["assistant"]), f"{where}.roles"),
-        channels=_strs(tr.get("channels", []), f"{where}.channels"),
-        exclude=_strs(tr.get("exclude", []), f"{where}.exclude"),
-        end=end,
-        budgets=dict(budgets),
+            c.add(f"budget {k!r} must be a positive integer", f"{where}.budgets.{k}")
+    channels = c.strings(tr, "channels", where, [])
+    exclude = c.strings(tr, "exclude", where, [])
+    elements = {names[k] for k in ("think", "response", "tools", "call", "argument", "json") if k in names}
+    for k, group in (("channels", channels), ("exclude", exclude)):
+        for v in group:
+            if names and v not in elements:
+                c.add(f"{v!r} is not an element of this template", f"{where}.{k}",
+                      f"elements: {', '.join(sorted(elements))}")
+    return Training(roles=c.strings(tr, "roles", where, ["assistant"]), channels=channels, exclude=exclude,
+                    end=c.value(tr, "end", bool, where, default=True), budgets=dict(budgets))
+
+
+def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
+    c.keys(data, SECTIONS, "")
+    tpl = c.table(data, "template", "")
+    c.keys(tpl, ("name", "description"), "template")
+    name = c.section(lambda c: c.value(tpl, "name", str, "template"))
+    description = c.section(lambda c: c.value(tpl, "description", str, "template", default=""))
+    markers = c.section(_markers, data)
+    names = c.section(_names, data) or {}
+    roles = c.section(_roles, data)
+    thinking = c.section(_thinking, data)
+    channels = c.section(_channels, data)
+    plugins = c.section(_plugins, data) or {}
+    jf = c.table(data, "json_fallback", "", required=False)
+    c.keys(jf, ("type",), "json_fallback")
+    jf_type = c.section(lambda c: c.value(jf, "type", str, "json_fallback", default="object"))
+    system = c.section(_system, data)
+    training = c.section(_training, data, thinking[1] if thinking else (), names)
+    if c.problems or None in (name, markers, roles, thinking, channels, jf_type, system, training):
+        return None
+    images: ImageSettings | None = plugins.get("image")
+    return Dialect(
+        name=name, description=description, markers=markers, names=names, roles=roles[0],
+        role_aliases=roles[1], thinking_default=thinking[0], efforts=thinking[1], default_effort=thinking[2],
+        thinking_off=thinking[3],
+        image_placeholder=images.placeholder if images else "",
+        image_part_types=images.part_types if images else (),
+        image_prompt=images.prompt if images else _NEVER,
+        json_fallback_type=jf_type, system=system, path=path, training=training,
+        channel_order=channels[0], prompt_channel=channels[1], plugins=plugins,
     )
 
 
-BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml"}
+def check(data: Any, path: str = "") -> tuple[Dialect | None, list[Problem]]:
+    """The dialect of parsed TOML and every problem found in it."""
+    c = _Check()
+    if not isinstance(data, dict):
+        return None, [Problem("a template is a table of sections", "")]
+    try:
+        d = _build(c, data, path)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as e:
+        # A value of a shape the checks above did not foresee.
+        c.add(f"invalid template: {type(e).__name__}: {e}", "")
+        d = None
+    if d is None and not c.problems:
+        c.add("invalid template", "")
+    return (d if not c.problems else None), c.problems
+
+
+def from_dict(data: dict[str, Any], path: str) -> Dialect:
+    """Build and check a dialect from parsed TOML; the first problem raises."""
+    d, problems = check(data, path)
+    if d is None:
+        p = problems[0]
+        hint = f"; {p.hint}" if p.hint else ""
+        raise TemplateError(p.message + hint, location=p.where(path))
+    return d
+
+
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_KEY = re.compile(r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+))*)\s*=""")
+
+
+def _dotted(s: str) -> list[str]:
+    return [p.strip().strip("\"'") for p in re.findall(r"""\"[^\"]*\"|'[^']*'|[^.\s]+""", s)]
+
+
+def locate(text: str, key: str) -> tuple[int, int] | None:
+    """Line and column (1-based) where a dotted key path is written in TOML
+    text: the key itself, else the nearest enclosing table or key."""
+    want = [p for p in re.split(r"\.(?![^\[]*\])", re.sub(r"\[\d+\]", "", key)) if p]
+    best: tuple[int, tuple[int, int]] | None = None
+    table: list[str] = []
+    for ln, line in enumerate(text.splitlines(), start=1):
+        m = _HEADER.match(line)
+        if m and not _KEY.match(line):
+            table = _dotted(m.group(1))
+            path, col = table, line.index("[") + 1
+        else:
+            m = _KEY.match(line)
+            if not m:
+                continue
+            path, col = table + _dotted(m.group(1)), m.start(1) + 1
+        k = 0
+        while k < min(len(path), len(want)) and path[k] == want[k]:
+            k += 1
+        if k == len(path) and k > 0 and (best is None or k > best[0]):
+            best = (k, (ln, col))
+    return None if best is None else best[1]
+
+
+BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml", "xtml-base": "xtml-base.toml"}
+
+
+def builtin_files() -> dict[str, Path]:
+    """Built-in dialect names (aliases included) and their files."""
+    root = resources.files("xtml.dialects")
+    return {name: Path(str(root.joinpath(file))) for name, file in BUILTIN.items()}
+
+
+def read_template(name_or_path: str | Path) -> tuple[str, str]:
+    """The text of a built-in dialect or a template file, and the name to
+    report it by."""
+    key = str(name_or_path)
+    if key in BUILTIN:
+        return resources.files("xtml.dialects").joinpath(BUILTIN[key]).read_text(encoding="utf-8"), BUILTIN[key]
+    p = Path(key)
+    if not p.is_file():
+        raise TemplateError(
+            f"no template named {key!r} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
+        )
+    try:
+        return p.read_text(encoding="utf-8"), key
+    except (OSError, UnicodeDecodeError) as e:
+        raise TemplateError(f"cannot read template: {e}", location=key) from None
+
+
+_TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)|\(at end of document\)")
+
+
+def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
+    """Parse and check template text; problems carry line and column."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = _TOML_POS.search(msg)
+        line = col = None
+        if m and m.group(1):
+            line, col = int(m.group(1)), int(m.group(2))
+        elif m:
+            line, col = text.count("\n") + 1, 1
+        return None, [Problem(f"invalid TOML: {_TOML_POS.sub('', msg).strip()}", "", "", line, col)]
+    d, problems = check(data, where)
+    located = []
+    for p in problems:
+        pos = locate(text, p.key) if p.key else None
+        located.append(Problem(p.message, p.key, p.hint, *(pos or (None, None))))
+    return d, located
 
 
 def load_dialect(name_or_path: str | Path) -> Dialect:
     """A built-in dialect by name, or a dialect file by path."""
-    key = str(name_or_path)
-    if key in BUILTIN:
-        text = resources.files("xtml.dialects").joinpath(BUILTIN[key]).read_text(encoding="utf-8")
-        where = BUILTIN[key]
-    else:
-        p = Path(key)
-        if not p.is_file():
-            raise TemplateError(
-                f"no template named {key!r} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
-            )
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise TemplateError(f"cannot read template: {e}", location=key) from None
-        where = key
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise TemplateError(f"invalid TOML: {e}", location=where) from None
-    return from_dict(data, where)
+    text, where = read_template(name_or_path)
+    d, problems = check_text(text, where)
+    if d is None:
+        p = problems[0]
+        hint = f"; {p.hint}" if p.hint else ""
+        raise TemplateError(p.message + hint, location=p.where(where))
+    return d
