@@ -56,8 +56,15 @@ def test_tokens_view() -> None:
     code, out, _ = run(["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers",
                         "--format", "tokens"])
     assert code == 0
-    first = out.splitlines()[0].split()
+    lines = out.splitlines()
+    assert lines[0].startswith("── message 0 · system (tool-declare) · ")
+    first = lines[1].split()
     assert first[0] == "0" and first[2] == "<|open|>"
+    assert "\x1b[" not in out  # not a terminal: no colour
+    code, ids, _ = run(["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers", "--format", "ids"])
+    rows = [ln.split() for ln in lines if ln[:7].strip().isdigit()]
+    assert [int(r[1]) for r in rows] == json.loads(ids)
+    assert lines[-1] == f"{len(rows)} tokens in {sum(ln.startswith('── message') for ln in lines)} messages"
 
 
 def test_parse_text_completion_lenient() -> None:

@@ -29,6 +29,23 @@ EPILOG_FUZZ = """examples:
   xtml fuzz --template my-model.toml --tokenizer path/to/model --examples 1000 --seed 7
 """
 
+EPILOG_VALIDATE = """examples:
+  xtml validate my-model.toml
+  xtml validate my-model.toml --tokenizer path/to/model --examples 200
+  xtml validate kimi-k3 --format json
+"""
+
+EPILOG_INSPECT = """examples:
+  xtml inspect examples/chat.json --tokenizer path/to/tokenizer.json
+  xtml inspect chat.json -t xtml-base --tokenizer tok.json --add-markers | less -R
+"""
+
+EPILOG_NEW = """examples:
+  xtml new-template my-model            # writes my-model.toml
+  xtml new-template my-model -o formats/my-model.toml
+  xtml validate my-model.toml
+"""
+
 EPILOG_PARSE = """examples:
   xtml render chat.json --tokenizer tok.json --format ids | xtml parse --tokenizer tok.json
   xtml parse prompt.txt --from text
@@ -77,15 +94,31 @@ def _tokenizer(args: argparse.Namespace, tpl: Template) -> Vocabulary:
     return load_tokenizer(args.tokenizer, add_special_tokens=extra)
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+TOKENIZER_HELP = ("tokenizer.json, a tiktoken BPE file, or a model folder (tokenizer.json, or a tiktoken "
+                  "vocabulary with tokenizer_config.json)")
+
+
+def _add_template(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
-                   help="built-in template name or template file (default: kimi-k3)")
-    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json, or a model folder holding one")
+                   help="built-in template name or template file (default: kimi-k3; see xtml templates)")
+
+
+def _add_tokenizer(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
     p.add_argument("--add-markers", action="store_true",
                    help="add the template's markers to the tokenizer as special tokens "
                         "(for fine-tuning a base model on XTML)")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    _add_template(p)
+    _add_tokenizer(p)
+    _add_output(p)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,18 +150,63 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --completion: was the prompt in thinking mode (default: the template's)")
     p.add_argument("--lenient", action="store_true",
                    help="repair malformed input and report diagnostics instead of failing")
+    i = sub.add_parser("inspect", help="show a rendered request token by token",
+                       description="Render a chat request and show it token by token: offsets, ids, pieces, "
+                                   "markers highlighted, a header per message with its role and token counts "
+                                   "per channel. Plain text when piped.",
+                       epilog=EPILOG_INSPECT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(i)
+    i.add_argument("--thinking", type=_bool, metavar="BOOL", help="override the request's thinking option")
+    i.add_argument("--generation-prompt", type=_bool, metavar="BOOL", dest="add_generation_prompt",
+                   help="override add_generation_prompt")
+    i.add_argument("--colour", "--color", dest="colour", choices=("auto", "always", "never"), default="auto",
+                   help="colour markers and text (default: auto, only on a terminal)")
+
+    v = sub.add_parser("validate", help="check a template file: keys, markers, plugins, grammar, tokenizer, "
+                                        "self-test",
+                       description="Check a template and print every problem with its location and a hint, "
+                                   "then a summary. Exit 0 when valid, 1 when not.",
+                       epilog=EPILOG_VALIDATE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("template", metavar="TEMPLATE", help="template file, or a built-in template name")
+    v.add_argument("--tokenizer", metavar="PATH",
+                   help="also check that every marker is one special id of this tokenizer (" + TOKENIZER_HELP + ")")
+    v.add_argument("-f", "--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    v.add_argument("-n", "--examples", type=_count, default=50, metavar="N",
+                   help="requests the self-test renders and parses back (default: 50; 0 skips it)")
+    v.add_argument("--seed", type=int, default=0, metavar="S", help="self-test seed (default: 0)")
+    _add_output(v)
+
+    sub.add_parser("templates", help="list the built-in templates and their files",
+                   description="List the built-in templates with their files; copy one to start your own, "
+                               "or use xtml new-template.")
+
+    nt = sub.add_parser("new-template", help="write a commented starter template that validates",
+                        description="Write a starter template file (every section, commented) for a new model.",
+                        epilog=EPILOG_NEW, formatter_class=argparse.RawDescriptionHelpFormatter)
+    nt.add_argument("name", metavar="NAME", help="the template's name")
+    nt.add_argument("-o", "--output", metavar="FILE", dest="path", help="file to write (default: NAME.toml)")
+    nt.add_argument("--force", action="store_true", help="overwrite an existing file")
+
     z = sub.add_parser("fuzz", help="fuzz a template: round trip, injection, stream == batch, never crash",
                        description="Run xtml's properties against a template with generated requests, "
                                    "adversarial text and random ids; print the smallest failing input as JSON.",
                        epilog=EPILOG_FUZZ, formatter_class=argparse.RawDescriptionHelpFormatter)
-    z.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
-                   help="built-in template name or template file (default: kimi-k3)")
-    z.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or model folder (without: text form only)")
-    z.add_argument("--add-markers", action="store_true", help="add the template's markers as special tokens")
+    _add_template(z)
+    _add_tokenizer(z)
     z.add_argument("-n", "--examples", type=_positive, default=200, metavar="N",
                    help="examples per property (default: 200)")
     z.add_argument("--seed", type=int, metavar="S", help="seed, to repeat a run")
     return ap
+
+
+def _count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {s!r}")
+    return v
 
 
 def _positive(s: str) -> int:
@@ -151,14 +229,19 @@ def _fuzz(args: argparse.Namespace, out: TextIO) -> int:
     return run(tpl, vocab, examples=args.examples, seed=args.seed, out=out, err=sys.stderr)
 
 
-def _render(args: argparse.Namespace, out: TextIO) -> None:
-    tpl = load(args.template)
+def _request(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     request = _json(_read(args.file), "input" if args.file == "-" else args.file)
     options: dict[str, Any] = {}
     if args.thinking is not None:
         options["thinking"] = args.thinking
     if args.add_generation_prompt is not None:
         options["add_generation_prompt"] = args.add_generation_prompt
+    return request, options
+
+
+def _render(args: argparse.Namespace, out: TextIO) -> None:
+    tpl = load(args.template)
+    request, options = _request(args)
     if args.format == "text":
         out.write(tpl.render(request, **options).text + "\n")
     elif args.format == "segments":
@@ -166,25 +249,69 @@ def _render(args: argparse.Namespace, out: TextIO) -> None:
         out.write(json.dumps([[s.text, s.special] for s in segs], ensure_ascii=False) + "\n")
     else:
         vocab = _tokenizer(args, tpl)
-        ids = tpl.encode(request, vocab, **options)
         if args.format == "ids":
-            out.write(json.dumps(ids) + "\n")
+            out.write(json.dumps(tpl.encode(request, vocab, **options)) + "\n")
         else:
-            _tokens(ids, tpl, vocab, out)
+            from .inspect import tokens, write
+
+            write(out, tpl, tokens(tpl, request, vocab, **options))
 
 
-def _tokens(ids: list[int], tpl: Template, vocab: Vocabulary, out: TextIO) -> None:
-    b = tpl.bind(vocab)
-    markers = set(b.kind_of_id)
-    colour = out.isatty()
-    for i, t in enumerate(ids):
-        piece = vocab.decode([t])
-        shown = json.dumps(piece, ensure_ascii=False)
-        if t in markers and colour:
-            shown = f"\x1b[1;36m{piece}\x1b[0m"
-        elif t in markers:
-            shown = piece
-        out.write(f"{i:>6} {t:>8} {shown}\n")
+def _inspect(args: argparse.Namespace, out: TextIO) -> None:
+    from .inspect import tokens, write
+
+    tpl = load(args.template)
+    request, options = _request(args)
+    vocab = _tokenizer(args, tpl)
+    colour = None if args.colour == "auto" else args.colour == "always"
+    write(out, tpl, tokens(tpl, request, vocab, **options), colour=colour)
+
+
+def _validate(args: argparse.Namespace, out: TextIO) -> int:
+    from .validate import validate
+
+    report = validate(args.template, tokenizer=args.tokenizer, examples=args.examples, seed=args.seed)
+    if args.format == "json":
+        out.write(report.dumps() + "\n")
+    else:
+        for f in report.findings:
+            out.write(f"{f.line_text()}\n")
+        out.write(report.summary() + "\n")
+    return 0 if report.valid else 1
+
+
+def _templates(out: TextIO) -> None:
+    from .chat.dialect import BUILTIN, builtin_files
+
+    files = builtin_files()
+    aliases: dict[str, list[str]] = {}
+    for name, file in BUILTIN.items():
+        aliases.setdefault(file, []).append(name)
+    for _file, names in aliases.items():
+        d = load(names[0]).dialect
+        also = f" (also: {', '.join(names[1:])})" if len(names) > 1 else ""
+        out.write(f"{names[0]}{also}\n  {d.description}\n  {files[names[0]]}\n")
+
+
+def _new_template(args: argparse.Namespace, out: TextIO) -> None:
+    from .chat.dialect import starter_template
+    from .markup.header import is_name
+
+    if not is_name(args.name):
+        raise _UserError(f"{args.name!r} is not a valid template name (letters, digits, _ - . :)")
+    path = args.path or f"{args.name}.toml"
+    text = starter_template(args.name)
+    if path == "-":
+        out.write(text)
+        return
+    try:
+        with open(path, "w" if args.force else "x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        raise _UserError(f"{path} exists; pass --force to overwrite it") from None
+    except OSError as e:
+        raise _UserError(f"cannot write {path}: {e.strerror or e}") from None
+    out.write(f"wrote {path}; check it with: xtml validate {path}\n")
 
 
 def _parse(args: argparse.Namespace, out: TextIO) -> None:
@@ -226,6 +353,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             _render(args, out)
         elif args.command == "parse":
             _parse(args, out)
+        elif args.command == "inspect":
+            _inspect(args, out)
+        elif args.command == "validate":
+            code = _validate(args, out)
+        elif args.command == "templates":
+            _templates(out)
+        elif args.command == "new-template":
+            _new_template(args, out)
         else:
             code = _fuzz(args, out)
         out.flush()

@@ -8,6 +8,7 @@ internal system messages. Loading one never runs code.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -579,6 +580,19 @@ def read_template(name_or_path: str | Path) -> tuple[str, str]:
         return p.read_text(encoding="utf-8"), key
     except (OSError, UnicodeDecodeError) as e:
         raise TemplateError(f"cannot read template: {e}", location=key) from None
+
+
+def starter_template(name: str) -> str:
+    """A commented template file for a new model, named ``name``: the
+    xtml-base dialect, which documents every section it uses."""
+    text = resources.files("xtml.dialects").joinpath(BUILTIN["xtml-base"]).read_text(encoding="utf-8")
+    body = text[text.index("[template]"):]
+    body = body.replace('name = "xtml-base"', f"name = {json.dumps(name)}", 1)
+    body = re.sub(r'(?m)^description = ".*"$', f"description = {json.dumps(name + ' chat format (XTML)')}", body,
+                  count=1)
+    head = (f"# {name}: an XTML chat template.\n#\n# Edit the markers, names and prose for your model, then run\n"
+            f"#   xtml validate {name}.toml --tokenizer path/to/model\n# Reference: docs/templates.md\n\n")
+    return head + body
 
 
 _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)|\(at end of document\)")

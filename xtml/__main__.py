@@ -1,0 +1,5 @@
+"""``python -m xtml``: the ``xtml`` command."""
+
+from .cli import entry
+
+entry()

@@ -1,0 +1,230 @@
+"""``xtml validate``: everything wrong with a template, before it is used.
+
+:func:`validate` runs the checks in order and collects findings instead of
+stopping at the first: TOML syntax; keys, types and values of every section
+(:func:`xtml.chat.dialect.check_text`); plugins and their settings; the
+grammar built strictly; with a tokenizer, that every marker is one special id
+and splits cleanly out of surrounding text; finally a self-test that renders
+generated requests and parses them back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .chat.dialect import Dialect, Problem, check_text, locate, read_template
+from .errors import TemplateError, XtmlError
+
+__all__ = ["Finding", "Report", "validate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem, located."""
+
+    check: str
+    """Which check found it: ``toml``, ``template``, ``grammar``,
+    ``tokenizer`` or ``self-test``."""
+    message: str
+    file: str
+    line: int | None = None
+    column: int | None = None
+    key: str = ""
+    """Dotted key path in the template, when the problem has one."""
+    hint: str = ""
+
+    def where(self) -> str:
+        pos = f"{self.file}:{self.line}:{self.column}" if self.line is not None else self.file
+        return f"{pos}: {self.key}" if self.key else pos
+
+    def line_text(self) -> str:
+        """The finding as one line (the hint, if any, follows after ``--``)."""
+        hint = f" -- {self.hint}" if self.hint else ""
+        return f"{self.where()}: {self.message}{hint}"
+
+
+@dataclass
+class Report:
+    """What :func:`validate` found."""
+
+    template: str
+    findings: list[Finding] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+    """The checks that ran, in order."""
+    self_test_examples: int = 0
+    dialect: Dialect | None = None
+
+    @property
+    def valid(self) -> bool:
+        return not self.findings
+
+    def summary(self) -> str:
+        n = len(self.findings)
+        state = "valid" if not n else f"{n} problem{'s' if n != 1 else ''}"
+        ran = ", ".join(self.checks)
+        return f"{self.template}: {state} (checked: {ran})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "template": self.template,
+            "valid": self.valid,
+            "checks": self.checks,
+            "self_test_examples": self.self_test_examples,
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), ensure_ascii=False, indent=2)
+
+
+def validate(template: str | Path, *, tokenizer: str | Path | None = None, examples: int = 50,
+             seed: int = 0) -> Report:
+    """Check a template (a built-in name or a file) and return every finding.
+
+    ``tokenizer``: also check the markers against this vocabulary and run the
+    self-test on token ids. ``examples``: requests the self-test renders and
+    parses back (0 skips it); ``seed`` makes it reproducible."""
+    try:
+        text, where = read_template(template)
+    except TemplateError as e:
+        return Report(str(template), [Finding("template", e.msg, str(template))], ["file"])
+    report = Report(where)
+    report.checks.append("toml")
+    dialect, problems = check_text(text, where)
+    report.findings += [_finding("toml" if p.message.startswith("invalid TOML") else "template", p, where)
+                        for p in problems]
+    if report.findings and report.findings[0].check == "toml":
+        return report
+    report.checks += ["keys", "markers", "names", "placeholders", "plugins"]
+    if dialect is None:
+        return report
+    report.dialect = dialect
+    report.checks.append("grammar")
+    report.findings += _grammar(where)
+    vocab = None
+    if tokenizer is not None:
+        report.checks.append("tokenizer")
+        vocab, found = _tokenizer(dialect, tokenizer, text, where)
+        report.findings += found
+    if examples > 0 and not report.findings:
+        report.checks.append("self-test")
+        found, report.self_test_examples = _self_test(dialect, vocab, examples, seed, where)
+        report.findings += found
+    return report
+
+
+def _finding(check: str, p: Problem, file: str) -> Finding:
+    return Finding(check, p.message, file, p.line, p.column, p.key, p.hint)
+
+
+def _grammar(file: str) -> list[Finding]:
+    """The combined grammar must build as a strict LALR parser: a conflict
+    would make parsing depend on rule order."""
+    from lark.exceptions import GrammarError
+
+    from .markup.grammar import document_parser, header_parser
+
+    try:
+        document_parser(strict=True)
+        header_parser(strict=True)
+    except GrammarError as e:
+        return [Finding("grammar", f"the grammar does not build strictly: {e}", file,
+                        hint="a plugin's grammar fragment conflicts with the core or another plugin")]
+    return []
+
+
+def _tokenizer(d: Dialect, path: str | Path, text: str, file: str) -> tuple[Any, list[Finding]]:
+    from .tokenizer import load_tokenizer
+
+    try:
+        vocab = load_tokenizer(path)
+    except XtmlError as e:
+        return None, [Finding("tokenizer", e.msg, str(path))]
+    m = d.markers
+    keyed: list[tuple[str, str]] = [("markers.open", m.open), ("markers.close", m.close), ("markers.sep", m.sep),
+                                    ("markers.end", m.end)]
+    for k in ("embed_begin", "embed_inner", "embed_end", "embed_mark"):
+        keyed += [(f"markers.{k}", s) for s in getattr(m, k)]
+    found: list[Finding] = []
+
+    def add(key: str, message: str, hint: str) -> None:
+        pos = locate(text, key)
+        line, column = pos if pos else (None, None)
+        found.append(Finding("tokenizer", message, file, line, column, key, hint))
+
+    ids: dict[str, int] = {}
+    for key, s in keyed:
+        sid = vocab.special_id(s)
+        if sid is None:
+            if s in m.optional:
+                continue
+            added = vocab.added_id(s)
+            what = "an added token but not a special one" if added is not None else "not a special token"
+            add(key, f"marker {s!r} is {what} of {vocab.source}",
+                "add the markers as special tokens (xtml render --add-markers, or add_special_tokens=)")
+            continue
+        ids[s] = sid
+        # Text holding the marker literal must never encode to its id.
+        if sid in vocab.encode_texts([f"x{s}x"])[0]:
+            add(key, f"text containing {s!r} encodes to the marker's id {sid}", "")
+    # Encoding a rendered text whole (as engines that only see text do) must
+    # give the marker's one id between the ids of its neighbours: a marker
+    # that strips or merges with surrounding text would change the ids.
+    whole = _whole_encoder(vocab)
+    if whole is not None:
+        for key, s in keyed:
+            if s not in ids:
+                continue
+            for left, right in (("a ", " b"), ("\n", "\n"), ("x", "x")):
+                got = whole(f"{left}{s}{right}")
+                want = [*vocab.encode_texts([left])[0], ids[s], *vocab.encode_texts([right])[0]]
+                if got != want:
+                    add(key, f"marker {s!r} does not split cleanly from text {left!r}…{right!r}: "
+                        f"encoding the text whole gives {got}, expected {want}",
+                        "register the marker with normalized=False and no lstrip/rstrip")
+                    break
+    return vocab, found
+
+
+def _whole_encoder(vocab: Any) -> Any:
+    """A function encoding text with special tokens recognised, if the
+    vocabulary offers one."""
+    fn = getattr(vocab, "encode_with_specials", None)
+    if fn is not None:
+        return fn
+    from tokenizers import Tokenizer
+
+    tok = getattr(vocab, "tokenizer", None)
+    if not isinstance(tok, Tokenizer):
+        return None
+    # The vocabulary's own copy encodes marker literals as text, on purpose;
+    # engines that tokenize rendered text use the default, matching them.
+    whole = Tokenizer.from_str(tok.to_str())
+    whole.encode_special_tokens = False
+
+    def encode(s: str) -> list[int]:
+        return list(whole.encode(s, add_special_tokens=False).ids)
+
+    return encode
+
+
+def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str) -> tuple[list[Finding], int]:
+    from . import testing
+    from .template import Template
+
+    t = Template(d)
+    outcome = testing.find_failure(testing.requests(t), lambda r: testing.check_round_trip(t, r, vocab),
+                                   examples=examples, seed=seed)
+    if outcome.failure is None:
+        return [], outcome.examples
+    f = outcome.failure
+    shown = json.dumps(f.example, ensure_ascii=False, default=repr)
+    if len(shown) > 400:
+        shown = shown[:400] + "…"
+    via = "token ids" if vocab is not None else "text"
+    return [Finding("self-test", f"a generated request does not round-trip through {via}: "
+                    f"{type(f.error).__name__}: {f.error}; request: {shown}", file,
+                    hint=f"reproduce with xtml validate --seed {seed}")], outcome.examples
