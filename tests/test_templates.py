@@ -308,3 +308,23 @@ def test_plugins_come_through_one_door(tmp_path: Path) -> None:
     with pytest.raises(xtml.TemplateError, match="already taken"):
         xtml.plugins.use(_Geo())
     assert xtml.plugins.use(geo) is geo
+
+
+def test_templates_json() -> None:
+    code, out, _ = run(["templates", "--format", "json"])
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["name"] for r in rows] == ["kimi-k3", "xtml-base"]
+    assert rows[0]["aliases"] == ["k3"] and all(Path(r["path"]).is_file() for r in rows)
+
+
+@pytest.mark.parametrize("command", ["render", "parse", "inspect", "validate", "templates", "new-template", "fuzz"])
+def test_every_command_has_help_with_examples(command: str) -> None:
+    code, out, _ = run([command, "--help"])
+    assert code == 0 and "examples:" in out and f"xtml {command}" in out
+
+
+@pytest.mark.parametrize("argv", [["validate"], ["new-template"], ["inspect", "--colour", "sometimes"],
+                                  ["templates", "--format", "yaml"], ["validate", "k3", "-n", "-1"]])
+def test_usage_errors_exit_2(argv: list[str]) -> None:
+    assert run(argv)[0] == 2

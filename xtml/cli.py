@@ -40,6 +40,12 @@ EPILOG_INSPECT = """examples:
   xtml inspect chat.json -t xtml-base --tokenizer tok.json --add-markers | less -R
 """
 
+EPILOG_TEMPLATES = """examples:
+  xtml templates
+  xtml templates --format json
+  cp "$(xtml templates --format json | jq -r '.[0].path')" my-model.toml
+"""
+
 EPILOG_NEW = """examples:
   xtml new-template my-model            # writes my-model.toml
   xtml new-template my-model -o formats/my-model.toml
@@ -176,9 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, metavar="S", help="self-test seed (default: 0)")
     _add_output(v)
 
-    sub.add_parser("templates", help="list the built-in templates and their files",
-                   description="List the built-in templates with their files; copy one to start your own, "
-                               "or use xtml new-template.")
+    tp = sub.add_parser("templates", help="list the built-in templates and their files",
+                        description="List the built-in templates with their files; copy one to start your own, "
+                                    "or use xtml new-template.",
+                        epilog=EPILOG_TEMPLATES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tp.add_argument("-f", "--format", choices=("text", "json"), default="text", help="output format (default: text)")
 
     nt = sub.add_parser("new-template", help="write a commented starter template that validates",
                         description="Write a starter template file (every section, commented) for a new model.",
@@ -280,17 +288,21 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if report.valid else 1
 
 
-def _templates(out: TextIO) -> None:
+def _templates(args: argparse.Namespace, out: TextIO) -> None:
     from .chat.dialect import BUILTIN, builtin_files
 
     files = builtin_files()
     aliases: dict[str, list[str]] = {}
     for name, file in BUILTIN.items():
         aliases.setdefault(file, []).append(name)
-    for _file, names in aliases.items():
-        d = load(names[0]).dialect
-        also = f" (also: {', '.join(names[1:])})" if len(names) > 1 else ""
-        out.write(f"{names[0]}{also}\n  {d.description}\n  {files[names[0]]}\n")
+    rows = [{"name": names[0], "aliases": names[1:], "description": load(names[0]).dialect.description,
+             "path": str(files[names[0]])} for names in aliases.values()]
+    if args.format == "json":
+        out.write(json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
+        return
+    for r in rows:
+        also = f" (also: {', '.join(r['aliases'])})" if r["aliases"] else ""
+        out.write(f"{r['name']}{also}\n  {r['description']}\n  {r['path']}\n")
 
 
 def _new_template(args: argparse.Namespace, out: TextIO) -> None:
@@ -358,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "validate":
             code = _validate(args, out)
         elif args.command == "templates":
-            _templates(out)
+            _templates(args, out)
         elif args.command == "new-template":
             _new_template(args, out)
         else:
