@@ -1,0 +1,416 @@
+"""Training samples: token ids with a loss mask, and where each message and
+channel lies in them.
+
+:func:`encode_training` renders a request exactly as
+:meth:`Template.encode <xtml.template.Template.encode>` does and marks the
+ids a model is trained on. What is trained comes from the template's
+``[training]`` section (:class:`~xtml.chat.dialect.Training`), overridable
+per call with ``train=``. The mask is computed from the element spans of the
+rendered tree (:mod:`xtml.spans`), so it lines up with the ids by
+construction.
+
+:class:`MapFunction` does the same for batches of rows, for Hugging Face
+``datasets`` (``dataset.map(fn, batched=True, num_proc=N)``) and Ray Data
+(``map_batches(fn)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .chat.dialect import Dialect, Training
+from .chat.render import render_tree
+from .chat.request import OPTION_NAMES
+from .errors import OptionError, XtmlError
+from .spans import encode_spans
+
+if TYPE_CHECKING:
+    from .template import Template, TokenizerLike
+
+__all__ = ["IGNORE_INDEX", "MapFunction", "Overrun", "Span", "TrainingExample", "encode_training", "overruns"]
+
+IGNORE_INDEX = -100
+"""The label of an id that is not trained (what PyTorch's cross-entropy
+ignores by default)."""
+
+Train = Training | str | Iterable[int] | None
+"""What ``train=`` accepts: ``None`` or ``"all"`` (the template's defaults),
+``"last"`` (only the last turn), message indexes, or a :class:`Training`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where a message, or one channel of it, lies in the ids. ``end`` is
+    exclusive; a message span runs from its open tag to its end marker,
+    inclusive; a channel span covers the channel's tags too."""
+
+    message: int | None
+    """Index in the request's ``messages``; None for a message the template
+    writes itself (a tool declaration or an option message)."""
+    role: str
+    channel: str | None
+    """The channel's element name (``think``, ``response``, ``tools``), or
+    None for the message as a whole."""
+    start: int
+    end: int
+    body_start: int
+    """First id inside the element (after its open tag)."""
+    body_end: int
+    """First id of its close tag."""
+
+    @property
+    def body_tokens(self) -> int:
+        """Ids inside the element, tags not counted."""
+        return self.body_end - self.body_start
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingExample:
+    """What :func:`encode_training` returns."""
+
+    ids: list[int]
+    mask: list[int]
+    """1 for each trained id, 0 for the rest; as long as :attr:`ids`."""
+    spans: tuple[Span, ...]
+    """Each message (``channel=None``) followed by its channels, in id
+    order. The generation prompt, when rendered, is not a span."""
+    effort: str | None
+    """The thinking effort the request was rendered with; None when thinking
+    is off."""
+    training: Training = field(repr=False)
+    """The rules the mask was made with."""
+
+    @property
+    def labels(self) -> list[int]:
+        """The ids, with :data:`IGNORE_INDEX` where the mask is 0."""
+        return [t if m else IGNORE_INDEX for t, m in zip(self.ids, self.mask)]
+
+    @property
+    def trained(self) -> int:
+        """How many ids are trained."""
+        return sum(self.mask)
+
+    def channels(self, name: str) -> list[Span]:
+        """The spans of one channel (``think``, say), in order."""
+        return [s for s in self.spans if s.channel == name]
+
+
+@dataclass(frozen=True, slots=True)
+class Overrun:
+    """An assistant message whose think channel is longer than the budget of
+    the sample's effort."""
+
+    message: int
+    effort: str
+    tokens: int
+    budget: int
+
+
+def overruns(example: TrainingExample, dialect: Dialect) -> list[Overrun]:
+    """The think channels of ``example`` over the budget its effort has in
+    ``dialect.training.budgets`` (none without thinking or without a budget
+    for the effort). Tokens are counted inside the channel, tags excluded."""
+    if example.effort is None:
+        return []
+    budget = dialect.training.budgets.get(example.effort)
+    if budget is None:
+        return []
+    think = dialect.names["think"]
+    return [Overrun(s.message, example.effort, s.body_tokens, budget)
+            for s in example.spans if s.channel == think and s.message is not None and s.body_tokens > budget]
+
+
+def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, *, train: Train = None,
+                    **options: Any) -> TrainingExample:
+    """Ids (equal to ``template.encode(request, tokenizer, **options)``),
+    loss mask and spans of a request.
+
+    ``train`` picks the trained messages: ``None``/``"all"``, every message
+    of the template's trained roles; ``"last"``, those after the last user
+    message (the final turn, tool calls and results included); message
+    indexes, exactly those (each must be of a trained role); a
+    :class:`Training`, other rules for every message. Within a trained
+    message the rules say which channels are trained (tags included), which
+    elements never are, and whether the close tag and end marker are.
+    Messages the template writes itself (tool declarations, options) and the
+    generation prompt are never trained.
+    """
+    d = template.dialect
+    rules = train if isinstance(train, Training) else d.training
+    o, msgs = template._prepare(request, options)
+    enc = encode_spans(template.bind(tokenizer), render_tree(d, o, msgs))
+    tops = enc.top()
+    # The tree is written in this order (xtml.chat.render): global option
+    # messages, one element per message, one-shot option messages, the
+    # generation prompt.
+    first = int(bool(o.tools)) + int(o.thinking)
+    if len(tops) < first + len(msgs):
+        raise AssertionError("rendered tree does not match the request's messages")
+    owner: dict[int, tuple[int, str]] = {}
+    for k, m in enumerate(msgs):
+        role = "system" if m.tools is not None else m.role
+        el = enc.elements[tops[first + k]].element
+        if el.attr(d.names["role"]) != role:
+            raise AssertionError(f"rendered message {first + k} is not message {m.index}")
+        owner[tops[first + k]] = (m.index, role)
+    chosen = _chosen(train, rules, [(m.index, "system" if m.tools is not None else m.role) for m in msgs])
+
+    n = len(enc.ids)
+    mask = bytearray(n)
+    spans: list[Span] = []
+    channels = set(d.channels())
+    ends = set(enc.ends)
+    for t in tops:
+        s = enc.elements[t]
+        if not s.element.closed:
+            continue  # the generation prompt
+        index, role = owner.get(t, (None, s.element.attr(d.names["role"]) or ""))
+        end = s.end + 1 if s.end in ends else s.end
+        spans.append(Span(index, role, None, s.start, end, s.body, s.body_end))
+        inside = enc.subtree(t)
+        kids = [c for c in inside if enc.elements[c].parent == t and enc.elements[c].element.tag in channels]
+        for c in kids:
+            cs = enc.elements[c]
+            spans.append(Span(index, role, cs.element.tag, cs.start, cs.end, cs.body, cs.body_end))
+        if index is None or index not in chosen:
+            continue
+        if rules.channels and kids:
+            for c in kids:
+                cs = enc.elements[c]
+                if cs.element.tag in rules.channels:
+                    mask[cs.start:cs.end] = b"\x01" * (cs.end - cs.start)
+        else:
+            mask[s.body:s.body_end] = b"\x01" * (s.body_end - s.body)
+        if rules.exclude:
+            for c in inside:
+                cs = enc.elements[c]
+                if cs.element.tag in rules.exclude and c != t:
+                    mask[cs.start:cs.end] = bytes(cs.end - cs.start)
+        if rules.end:
+            mask[s.body_end:end] = b"\x01" * (end - s.body_end)
+    return TrainingExample(enc.ids, list(mask), tuple(spans), o.effort if o.thinking else None, rules)
+
+
+def _chosen(train: Train, rules: Training, msgs: list[tuple[int, str]]) -> set[int]:
+    """Indexes of the messages to train."""
+    trainable = [i for i, role in msgs if role in rules.roles]
+    if train is None or isinstance(train, Training) or train == "all":
+        return set(trainable)
+    if train == "last":
+        after = max((i for i, role in msgs if role == "user"), default=-1)
+        return {i for i in trainable if i > after}
+    if isinstance(train, str):
+        raise OptionError(f"train must be 'all', 'last', message indexes or a Training, not {train!r}",
+                          option="train")
+    try:
+        wanted = set(train)
+    except TypeError:
+        raise OptionError(f"train must be 'all', 'last', message indexes or a Training, not "
+                          f"{type(train).__name__}", option="train") from None
+    roles = dict(msgs)
+    for i in sorted(wanted, key=lambda x: (type(x) is not int, str(x))):
+        if type(i) is not int or i not in roles:
+            raise OptionError(f"train names message {i!r}, which the request does not have", option="train")
+        if roles[i] not in rules.roles:
+            raise OptionError(f"train names message {i}, a {roles[i]} message; trained roles: "
+                              f"{', '.join(rules.roles)}", option="train")
+    return wanted
+
+
+# -- batches (datasets, Ray Data) ----------------------------------------------
+
+# Columns of a row that make up its request; others (ids, sources) are left alone.
+_REQUEST_KEYS = frozenset({"messages", *OPTION_NAMES, "chat_template_kwargs"})
+
+_loaded: dict[tuple[str, str, bool], tuple[Template, Any]] = {}
+
+
+def _load(template: str, tokenizer: str, add_markers: bool) -> tuple[Template, Any]:
+    """The template and tokenizer of a map function, loaded once per process."""
+    key = (template, tokenizer, add_markers)
+    hit = _loaded.get(key)
+    if hit is None:
+        from .template import load
+        from .tokenizer import load_tokenizer
+
+        tpl = load(template)
+        vocab = load_tokenizer(tokenizer, add_special_tokens=tpl.markers.all() if add_markers else ())
+        tpl.bind(vocab)  # checks the markers now, not on the first row
+        hit = _loaded[key] = (tpl, vocab)
+    return hit
+
+
+def row_request(row: Mapping[str, Any]) -> Any:
+    """The request in a dataset row: its ``messages`` (a list, or JSON text)
+    with the option columns that are set (``tools``, ``thinking`` ...), or a
+    ``request`` column (an object or JSON text). Other columns are ignored.
+    Training rows end with their last message: ``add_generation_prompt`` is
+    false unless the row says otherwise."""
+    if "messages" in row:
+        req: Any = {k: _json_text(v, k) if k in ("messages", "tools") else v
+                    for k, v in row.items() if k in _REQUEST_KEYS and v is not None}
+    elif "request" in row:
+        req = _json_text(row["request"], "request")
+    else:
+        raise RowError("the row has no 'messages' or 'request' column")
+    return with_training_defaults(req)
+
+
+def with_training_defaults(request: Any) -> Any:
+    """``request`` with ``add_generation_prompt`` false unless it sets it."""
+    if isinstance(request, list):
+        return {"messages": request, "add_generation_prompt": False}
+    if isinstance(request, dict) and "add_generation_prompt" not in request:
+        ctk = request.get("chat_template_kwargs")
+        if not (isinstance(ctk, dict) and "add_generation_prompt" in ctk):
+            return {**request, "add_generation_prompt": False}
+    return request
+
+
+class RowError(XtmlError):
+    """A dataset row that holds no request (no ``messages`` column, invalid
+    JSON text)."""
+
+
+def _json_text(v: Any, column: str) -> Any:
+    if isinstance(v, str | bytes):
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError as e:
+            raise RowError(f"column {column!r} holds invalid JSON: {e.msg} (at column {e.colno})") from None
+        except RecursionError:
+            raise RowError(f"column {column!r} holds JSON nested too deeply") from None
+    return _plain(v)
+
+
+def _plain(v: Any) -> Any:
+    """Python values from what batch formats hold: numpy arrays (Ray's numpy
+    and pandas batches), numpy scalars, tuples."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, str | int | float | bool) or v is None:
+        return v
+    if hasattr(v, "tolist"):
+        return _plain(v.tolist())
+    return v
+
+
+class MapFunction:
+    """A batched map function: rows of requests → ids, loss mask, labels.
+
+    ``fn = MapFunction("kimi-k3", "path/to/tokenizer.json")``, then
+    ``dataset.map(fn, batched=True, num_proc=4, remove_columns=...)`` with
+    Hugging Face ``datasets``, or ``ds.map_batches(fn)`` with Ray Data (any
+    ``batch_format``). A row's request is its ``messages`` column plus the
+    option columns it has (see :func:`row_request`).
+
+    Output columns: ``input_ids``, ``loss_mask``, ``labels`` (unless
+    ``labels=False``), ``length`` and ``error``. A row that cannot be
+    rendered does not raise: it comes back with empty ids and the reason in
+    ``error`` (``""`` for good rows), so a run over millions of rows is not
+    lost to one bad one; filter on ``error``.
+
+    The function pickles as its arguments; each process loads the template
+    and tokenizer once, on its first batch.
+    """
+
+    def __init__(self, template: str | os.PathLike[str] = "kimi-k3",
+                 tokenizer: str | os.PathLike[str] | None = None, *, train: Train = None,
+                 add_markers: bool = False, labels: bool = True) -> None:
+        if tokenizer is None:
+            raise TypeError("MapFunction needs a tokenizer path (a tokenizer.json or a folder with one)")
+        self.template = os.fspath(template)
+        self.tokenizer = os.fspath(tokenizer)
+        self.train = train if train is None or isinstance(train, str | Training) else tuple(train)
+        self.add_markers = add_markers
+        self.labels = labels
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"template": self.template, "tokenizer": self.tokenizer, "train": self.train,
+                "add_markers": self.add_markers, "labels": self.labels}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        return f"MapFunction({self.template!r}, {self.tokenizer!r}, train={self.train!r})"
+
+    def one(self, row: Mapping[str, Any]) -> TrainingExample:
+        """The training example of one row (raises on a bad row)."""
+        tpl, vocab = _load(self.template, self.tokenizer, self.add_markers)
+        return encode_training(tpl, row_request(row), vocab, train=self.train)
+
+    def __call__(self, batch: Any) -> Any:
+        cols, kind = _columns(batch)
+        size = len(next(iter(cols.values()))) if cols else 0
+        out: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "length": [], "error": []}
+        if self.labels:
+            out["labels"] = []
+        names = list(cols)
+        for i in range(size):
+            row = {k: cols[k][i] for k in names}
+            ids: list[int]
+            mask: list[int]
+            try:
+                ex = self.one(row)
+            except XtmlError as e:
+                ids, mask, err = [], [], str(e)
+            except RecursionError:
+                ids, mask, err = [], [], "the request is nested too deeply"
+            else:
+                ids, mask, err = ex.ids, ex.mask, ""
+            out["input_ids"].append(ids)
+            out["loss_mask"].append(mask)
+            out["length"].append(len(ids))
+            out["error"].append(err)
+            if self.labels:
+                out["labels"].append([t if m else IGNORE_INDEX for t, m in zip(ids, mask)])
+        return _as(kind, out)
+
+
+def _columns(batch: Any) -> tuple[dict[str, Sequence[Any]], str]:
+    """The columns of a batch in any of the formats the libraries hand out."""
+    if isinstance(batch, Mapping):
+        numpy = any(type(v).__module__ == "numpy" for v in batch.values())
+        return dict(batch), "numpy" if numpy else "dict"
+    module = type(batch).__module__
+    if module.startswith("pandas"):
+        return {str(c): batch[c].tolist() for c in batch.columns}, "pandas"
+    if module.startswith("pyarrow"):
+        return batch.to_pydict(), "pyarrow"
+    raise TypeError(f"a batch must be a dict of columns, a pandas DataFrame or a pyarrow Table, "
+                    f"not {type(batch).__name__}")
+
+
+def _as(kind: str, out: dict[str, list[Any]]) -> Any:
+    """The output in the input's format (Ray Data wants them to match)."""
+    if kind == "dict":
+        return out
+    if kind == "pyarrow":
+        import pyarrow as pa
+
+        return pa.table(out)
+    import numpy as np
+
+    cols: dict[str, Any] = {}
+    for k, v in out.items():
+        if k in ("input_ids", "loss_mask", "labels"):
+            # Rows differ in length: an object array of per-row arrays.
+            arr = np.empty(len(v), dtype=object)
+            for i, row in enumerate(v):
+                arr[i] = np.asarray(row, dtype=np.int8 if k == "loss_mask" else np.int64)
+            cols[k] = arr
+        else:
+            cols[k] = np.asarray(v, dtype=np.int64 if k == "length" else object)
+    if kind == "pandas":
+        import pandas as pd
+
+        return pd.DataFrame(cols)
+    return cols
