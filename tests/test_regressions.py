@@ -67,13 +67,16 @@ def _custom(**changes: object) -> xtml.Template:
 
     base = tomllib.loads(resources.files("xtml.dialects").joinpath("kimi-k3.toml").read_text(encoding="utf-8"))
     for path, value in changes.items():
-        section, key = path.split(".")
-        base[section] = {**base[section], key: value}
+        *sections, key = path.split(".")
+        table = base
+        for sec in sections:
+            table = table[sec]
+        table[key] = value
     return xtml.Template(from_dict(base, "custom"))
 
 
 def test_normal_form_images_render_in_any_template() -> None:
-    t = _custom(**{"images.part_types": ["image_url"]})
+    t = _custom(**{"plugins.image.part_types": ["image_url"]})
     n = t.normalize([{"role": "user", "content": [{"type": "image_url"}]}])
     assert t.normalize(n) == n
 

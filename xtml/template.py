@@ -11,7 +11,7 @@ import os
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chat.dialect import Dialect, load_dialect
 from .chat.parse import parse_completion, parse_conversation
@@ -25,6 +25,9 @@ from .markup.parse import Lexemes, build, lex_text, line_col
 from .markup.segments import Segment, to_segments
 from .stream import StreamParser
 from .tokenizer import Binding, Vocabulary, load_tokenizer
+
+if TYPE_CHECKING:
+    from .training import TrainingExample
 
 __all__ = ["Rendered", "Template", "load"]
 
@@ -87,7 +90,7 @@ class Template:
         o, msgs = self._prepare(request, options)
         render_tree(self.dialect, o, msgs)  # the same checks as render
         try:
-            return normal_form(o, msgs)
+            return normal_form(self.dialect, o, msgs)
         except RecursionError:
             raise RequestError("the request is nested too deeply") from None
 
@@ -98,6 +101,15 @@ class Template:
         o, msgs = self._prepare(request, options)
         render(self.dialect, o, msgs, sink)
         return sink.finish()
+
+    def encode_training(self, request: Any, tokenizer: TokenizerLike, *, train: Any = None,
+                        **options: Any) -> TrainingExample:
+        """Ids (as :meth:`encode`), loss mask and message/channel spans of a
+        request; ``train`` overrides what the template trains (see
+        :func:`xtml.training.encode_training`)."""
+        from .training import encode_training
+
+        return encode_training(self, request, tokenizer, train=train, **options)
 
     def bind(self, tokenizer: TokenizerLike) -> Binding:
         """The binding of this template's markers to ``tokenizer`` (cached)."""

@@ -321,15 +321,15 @@ class _Gen:
     image_prompt: st.SearchStrategy[str] | None
 
 
-def _image_part(template: Template) -> st.SearchStrategy[dict[str, Any]] | None:
-    types = template.dialect.image_part_types
-    if not types:
-        return None
-    urls = ("https://example.com/a.png", "data:image/png;base64,AAAA")
-    return st.builds(
-        lambda t, how, url: {"type": t} if how == 0 else {"type": t, t: {"url": url}},
-        st.sampled_from(types), st.integers(0, 1), st.sampled_from(urls),
-    )
+def _plugin_parts(template: Template) -> list[st.SearchStrategy[dict[str, Any]]]:
+    """The content parts the template's plugins render (images, audio, a
+    third-party element ...), from each plugin's own strategy."""
+    out = []
+    for ext in template.dialect.content:
+        s = ext.strategy()
+        if s is not None:
+            out.append(s)
+    return out
 
 
 def _image_prompt_strategy(template: Template) -> st.SearchStrategy[str] | None:
@@ -363,9 +363,9 @@ def _gen(template: Template, images: bool) -> _Gen:
         st.builds(lambda t: {"type": "input_text", "text": t}, short),
         short,  # a bare string part
     ]
-    image = _image_part(template) if images else None
-    if image is not None:
-        parts += [image, image]
+    if images:
+        for plugin_part in _plugin_parts(template):
+            parts += [plugin_part, plugin_part]
     content = st.one_of(text, text, st.lists(st.one_of(parts), max_size=4), st.none())
     objects = _json_objects(template)
     arguments = st.one_of(
@@ -489,6 +489,7 @@ def _count_images(template: Template, messages: list[dict[str, Any]]) -> int:
     n = 0
     if not ph:
         return 0
+    image_types = d.plugins["image"].part_types
     for m in messages:
         if m.get("tools") and d.role_aliases.get(m["role"], m["role"]) == "system":
             continue
@@ -499,7 +500,7 @@ def _count_images(template: Template, messages: list[dict[str, Any]]) -> int:
             for p in c:
                 if isinstance(p, str):
                     n += p.count(ph)
-                elif p.get("type") in d.image_part_types:
+                elif p.get("type") in image_types:
                     n += 1
                 else:
                     n += str(p.get("text", "")).count(ph)
@@ -595,7 +596,8 @@ def requests(template: Template, *, images: bool = True, max_messages: int = 6) 
     Text fields are :func:`texts`.
 
     A tool result whose tool the template cannot resolve gets a ``name``.
-    ``images=False`` leaves images out.
+    ``images=False`` leaves out the parts plugins render (images, audio,
+    video, third-party elements).
     """
     return _requests(template, images, max_messages)
 

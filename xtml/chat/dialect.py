@@ -19,8 +19,9 @@ from typing import Any
 from ..errors import TemplateError
 from ..markup.header import is_name
 from ..markup.markers import Markers
+from ..plugins import ContentExtension
 from ..plugins import get as get_plugin
-from ..plugins.image import ImageSettings
+from ..plugins.image import ImageExtension
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -148,7 +149,17 @@ class Dialect:
     thinking; empty: none."""
     plugins: dict[str, Any] = field(default_factory=dict)
     """Enabled plugins: name → the configuration the plugin made of its
-    settings."""
+    settings (for content plugins, their extension)."""
+    part_owner: dict[str, ContentExtension] = field(default_factory=dict)
+    """Content-part type → the extension that renders it."""
+    element_owner: dict[str, ContentExtension] = field(default_factory=dict)
+    """Element name inside a message body → the extension that reads it."""
+    embed_readers: tuple[ContentExtension, ...] = ()
+    """Extensions that read embeds back, in the file's order."""
+    content: tuple[ContentExtension, ...] = ()
+    """Every content extension, in the file's order."""
+    grammar: str = ""
+    """The reference grammar with the plugins' fragments."""
     training: Training = field(default_factory=lambda: Training())
 
     def n(self, key: str) -> str:
@@ -404,10 +415,52 @@ def _plugins(c: _Check, data: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # a plugin's own bug must not pass for a valid template
             c.add(f"plugin {name!r} failed on its settings: {type(e).__name__}: {e}", here)
     images = out.get("image")
-    if images is not None and not isinstance(images, ImageSettings):
+    if images is not None and not isinstance(images, ImageExtension):
         c.add("the plugin named 'image' must configure images", "plugins.image")
         del out["image"]
     return out
+
+
+def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str]) -> tuple[
+        dict[str, ContentExtension], dict[str, ContentExtension], str]:
+    """Who owns each part type and element; the combined grammar. Two
+    plugins claiming one name, or fragments that conflict, fail here."""
+    from ..plugins.grammar import combine
+
+    parts: dict[str, tuple[str, ContentExtension]] = {}
+    elements: dict[str, tuple[str, ContentExtension]] = {}
+    reserved = {v: k for k, v in names.items() if k in ("message", "think", "response", "tools", "call",
+                                                          "argument", "json")}
+    fragments: list[tuple[str, str]] = []
+    for pname, ext in plugins.items():
+        if not isinstance(ext, ContentExtension):
+            continue
+        for t in ext.part_types:
+            if t in ("text", "input_text"):
+                c.add(f"plugin {pname!r} claims the text part type {t!r}", f"plugins.{pname}")
+            elif t in parts:
+                c.add(f"content part type {t!r} is claimed by plugins {parts[t][0]!r} and {pname!r}",
+                      f"plugins.{pname}", "enable only one of them, or change one's part_types")
+            else:
+                parts[t] = (pname, ext)
+        for e in ext.elements:
+            if not is_name(e):
+                c.add(f"plugin {pname!r} owns {e!r}, which is not a valid element name", f"plugins.{pname}")
+            elif e in reserved:
+                c.add(f"plugin {pname!r} owns element {e!r}, which this template uses for {reserved[e]}",
+                      f"plugins.{pname}")
+            elif e in elements:
+                c.add(f"element {e!r} is claimed by plugins {elements[e][0]!r} and {pname!r}", f"plugins.{pname}")
+            else:
+                elements[e] = (pname, ext)
+        if ext.grammar:
+            fragments.append((pname, ext.grammar))
+    grammar = ""
+    try:
+        grammar = combine(fragments)
+    except TemplateError as e:
+        c.add(e.msg, "plugins", "plugins whose grammar fragments conflict cannot be enabled together")
+    return ({k: v for k, (_, v) in parts.items()}, {k: v for k, (_, v) in elements.items()}, grammar)
 
 
 def _system(c: _Check, data: dict[str, Any]) -> dict[str, SystemMessage]:
@@ -485,16 +538,22 @@ def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
     training = c.section(_training, data, thinking[1] if thinking else (), names)
     if c.problems or None in (name, markers, roles, thinking, channels, jf_type, system, training):
         return None
-    images: ImageSettings | None = plugins.get("image")
+    part_owner, element_owner, grammar = _content(c, plugins, names)
+    if c.problems:
+        return None
+    images: ImageExtension | None = plugins.get("image")
+    content = tuple(x for x in plugins.values() if isinstance(x, ContentExtension))
     return Dialect(
         name=name, description=description, markers=markers, names=names, roles=roles[0],
         role_aliases=roles[1], thinking_default=thinking[0], efforts=thinking[1], default_effort=thinking[2],
         thinking_off=thinking[3],
         image_placeholder=images.placeholder if images else "",
-        image_part_types=images.part_types if images else (),
+        image_part_types=images.input_types if images else (),
         image_prompt=images.prompt if images else _NEVER,
         json_fallback_type=jf_type, system=system, path=path, training=training,
         channel_order=channels[0], prompt_channel=channels[1], plugins=plugins,
+        part_owner=part_owner, element_owner=element_owner, embed_readers=tuple(x for x in content if x.embeds),
+        content=content, grammar=grammar,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ParseError
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
+from ..plugins import Context
 from . import jsonfmt
 from .dialect import Dialect, SystemMessage
 from .render import call_id
@@ -32,8 +33,7 @@ class _Reader:
         self.n = d.names
         self.lenient = lenient
         self.diags: list[Diagnostic] = []
-        self.image_prompts: list[str] = []
-        self.placeholders = 0
+        self.ctx = Context(None, lambda message, kind: self.problem(None, message, kind))
         n = self.n
         # Which attributes each element may carry, by role.
         self.a_msg = frozenset((n["role"], n["name"]))
@@ -112,23 +112,50 @@ class _Reader:
                 else:
                     out.append({"type": "text", "text": c.text})
             elif isinstance(c, Embed):
-                plain = False
-                out.append({"type": "image"})
-                if c.raw == self.d.image_placeholder:
-                    self.placeholders += 1
-                elif self.d.image_prompt.match(c.raw):
-                    self.image_prompts.append(c.raw)
-                else:
-                    self.problem(el, f"embed {c.raw[:60]!r} is not an image of this format", "unknown-embed",
-                                 path)
+                part = self.embed(c.raw, el, path)
+                if part is not None:
+                    plain = False
+                    out.append(part)
             elif isinstance(c, Element):
-                self.problem(c, f"element {c.tag!r} inside message content", "unexpected-element", path)
+                owner = self.d.element_owner.get(c.tag)
+                got: dict[str, Any] | None = None
+                if owner is None:
+                    self.problem(c, f"element {c.tag!r} inside message content", "unexpected-element", path)
+                else:
+                    try:
+                        got = owner.read_element(c, self.ctx)
+                    except ValueError as e:
+                        self.problem(c, f"{c.tag!r}: {e}", "bad-element", path)
+                if got is not None:
+                    plain = False
+                    out.append(got)
+                    continue
                 text = self.flatten(c)
                 if text:
-                    out.append({"type": "text", "text": text})
+                    if out and out[-1]["type"] == "text":
+                        out[-1]["text"] += text
+                    else:
+                        out.append({"type": "text", "text": text})
         if plain:
             return "".join(p["text"] for p in out)
         return out
+
+    def embed(self, raw: str, el: Element, path: str) -> dict[str, Any] | None:
+        """The part an embed stands for, from the first plugin that reads it."""
+        for ext in self.d.embed_readers:
+            try:
+                part = ext.read_embed(raw, self.ctx)
+            except ValueError as e:
+                self.problem(el, f"embed {raw[:60]!r}: {e}", "bad-embed", path)
+                return None
+            if part is not None:
+                return part
+        self.problem(el, f"embed {raw[:60]!r} is not one this template knows", "unknown-embed", path)
+        return None
+
+    def finish(self, req: dict[str, Any]) -> None:
+        for ext in self.d.content:
+            ext.finish_parse(req, self.ctx)
 
     # -- assistant -------------------------------------------------------------
 
@@ -327,11 +354,7 @@ class _Reader:
             if key in options:
                 req[key] = options[key]
         req["add_generation_prompt"] = agp
-        if self.image_prompts:
-            if self.placeholders:
-                self.problem(None, "image placeholders and expanded image prompts in one conversation",
-                             "mixed-images")
-            req["image_prompts"] = self.image_prompts
+        self.finish(req)
         return req
 
     def _is_prompt(self, el: Element, thinking: bool) -> bool:
@@ -406,8 +429,7 @@ def parse_completion(
 ) -> tuple[dict[str, Any], list[Diagnostic]]:
     r = _Reader(d, lenient)
     msg = r.completion(doc, thinking, any(x.kind == "truncated" for x in doc.diagnostics))
-    if r.image_prompts:
-        msg["image_prompts"] = r.image_prompts
+    r.finish(msg)
     # Offsets count from the start of the completion, not of the prompt
     # prepended to it.
     diags = [Diagnostic(x.kind, max(0, x.offset - shift), x.message) for x in [*doc.diagnostics, *r.diags]]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MessageError, OptionError
+from ..errors import MessageError, TemplateError
 from ..markup.nodes import Node
-from ..markup.sink import MarkupSink, TreeBuilder
+from ..markup.sink import Attrs, MarkupSink, TreeBuilder
+from ..plugins import ContentExtension, Context
 from . import jsonfmt
 from .dialect import Dialect
-from .request import Call, Image, Msg, Options, Part, deep_sort, json_compact, value_type
+from .request import Call, Msg, Options, Part, deep_sort, json_compact, value_type
 
 
 def call_id(pos: int, k: int) -> str:
@@ -24,27 +25,42 @@ def call_id(pos: int, k: int) -> str:
     return f"call_{pos}_{k}"
 
 
-class _Images:
-    """Hands out the embed for each image part, in order."""
+class _Guard:
+    """The sink a plugin renders a part into: what it opens it must close,
+    and it cannot end the message."""
 
-    def __init__(self, d: Dialect, prompts: list[str] | None) -> None:
-        self.d = d
-        self.prompts = prompts
-        self.used = 0
+    __slots__ = ("depth", "ext", "sink")
 
-    def next(self) -> str:
-        if self.prompts is None:
-            return self.d.image_placeholder
-        self.used += 1
-        if self.used > len(self.prompts):
-            return ""
-        return self.prompts[self.used - 1]
+    def __init__(self, sink: MarkupSink, ext: ContentExtension) -> None:
+        self.sink = sink
+        self.ext = ext
+        self.depth = 0
 
-    def check(self) -> None:
-        if self.prompts is not None and self.used != len(self.prompts):
-            raise OptionError(
-                f"image prompt count does not match the image parts ({len(self.prompts)} prompts, "
-                f"{self.used} images)", option="image_prompts")
+    def open(self, tag: str, attrs: Attrs = ()) -> None:
+        self.depth += 1
+        self.sink.open(tag, attrs)
+
+    def close(self) -> None:
+        if self.depth == 0:
+            raise TemplateError(f"plugin {self.ext.name!r} closed an element it did not open")
+        self.depth -= 1
+        self.sink.close()
+
+    def text(self, text: str, stable: bool = False) -> None:
+        self.sink.text(text, stable)
+
+    def element(self, tag: str, attrs: Attrs, text: str, stable: bool = False) -> None:
+        self.sink.element(tag, attrs, text, stable)
+
+    def embed(self, raw: str) -> None:
+        self.sink.embed(raw)
+
+    def end(self) -> None:
+        raise TemplateError(f"plugin {self.ext.name!r} tried to end the message")
+
+    def done(self) -> None:
+        if self.depth:
+            raise TemplateError(f"plugin {self.ext.name!r} left {self.depth} element(s) open")
 
 
 def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
@@ -59,7 +75,7 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
     n = d.names
     msg_tag, role, type_ = n["message"], n["role"], n["type"]
     think, response = n["think"], n["response"]
-    images = _Images(d, o.image_prompts)
+    ctx = Context(o)
 
     def internal(key: str, **values: str) -> None:
         sm = d.system[key]
@@ -71,7 +87,9 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
             if type(p) is str:
                 sink.text(p)
             else:
-                sink.embed(images.next())
+                guard = _Guard(sink, p.ext)  # type: ignore[union-attr]
+                p.ext.render(p.value, guard, ctx)  # type: ignore[union-attr]
+                guard.done()
 
     if o.tools:
         internal("tool-declare", tools=o.tools_json)
@@ -119,7 +137,8 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
         channel = d.prompt_tag(o.thinking)
         if channel:
             sink.open(channel)
-    images.check()
+    for ext in d.content:
+        ext.finish_render(ctx)
 
 
 def _call(d: Dialect, c: Call, k: int, index: int, sink: MarkupSink) -> None:
@@ -142,15 +161,15 @@ def _call(d: Dialect, c: Call, k: int, index: int, sink: MarkupSink) -> None:
     sink.close()
 
 
-def content_value(parts: list[Part]) -> str | list[dict[str, Any]]:
-    """Content in normal form: a string when there is no image, else parts
+def content_value(parts: list[Part], ctx: Context) -> str | list[dict[str, Any]]:
+    """Content in normal form: a string when it is all text, else parts
     with adjacent text merged."""
-    if all(isinstance(p, str) for p in parts):
+    if all(type(p) is str for p in parts):
         return "".join(parts)  # type: ignore[arg-type]
     out: list[dict[str, Any]] = []
     for p in parts:
-        if isinstance(p, Image):
-            out.append({"type": "image"})
+        if type(p) is not str:
+            out.append(p.ext.normal(p.value, ctx))  # type: ignore[union-attr]
         elif out and out[-1]["type"] == "text":
             out[-1]["text"] += p
         elif p:
@@ -164,8 +183,9 @@ def arguments_json(c: Call) -> str:
     return jsonfmt.arguments(dict(c.args))
 
 
-def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:
+def normal_form(d: Dialect, o: Options, msgs: list[Msg]) -> dict[str, Any]:
     """What :func:`render_tree` means, as a request: what parse returns."""
+    ctx = Context(o)
     out_msgs: list[dict[str, Any]] = []
     for pos, m in enumerate(msgs):
         if m.tools is not None:
@@ -176,13 +196,13 @@ def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:
             tm: dict[str, Any] = {"role": "tool", "name": m.name or ""}
             if m.call_ref is not None:
                 tm["tool_call_id"] = call_id(*m.call_ref)
-            tm["content"] = content_value(m.parts)
+            tm["content"] = content_value(m.parts, ctx)
             out_msgs.append(tm)
             continue
         msg: dict[str, Any] = {"role": m.role}
         if m.name:
             msg["name"] = m.name
-        msg["content"] = content_value(m.parts)
+        msg["content"] = content_value(m.parts, ctx)
         if m.role == "assistant":
             if m.reasoning:
                 msg["reasoning_content"] = m.reasoning
@@ -210,4 +230,6 @@ def normal_form(o: Options, msgs: list[Msg]) -> dict[str, Any]:
     req["add_generation_prompt"] = o.add_generation_prompt
     if o.image_prompts:
         req["image_prompts"] = list(o.image_prompts)
+    for ext in d.content:
+        ext.finish_normal(req, ctx)
     return req

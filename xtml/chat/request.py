@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError
+from ..plugins import ContentExtension
+from ..plugins.image import ImageValue
 from . import jsonfmt
 from .dialect import Dialect
 
@@ -72,14 +74,18 @@ def _check_keys(m: Mapping[str, Any], role: str, allowed: frozenset[str], i: int
         raise MessageError(f"unknown message field {k!r}", index=i, path=k)
 
 
-@dataclass(slots=True)
-class Image:
-    """An image part; ``prompt`` is the processor-made prompt, if given."""
+class PluginPart:
+    """A content part a plugin renders: its extension and what its
+    ``prepare`` made of the input part."""
 
-    prompt: str | None = None
+    __slots__ = ("ext", "value")
+
+    def __init__(self, ext: ContentExtension, value: Any) -> None:
+        self.ext = ext
+        self.value = value
 
 
-Part = str | Image
+Part = str | PluginPart
 
 
 @dataclass(slots=True)
@@ -388,7 +394,7 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
                 if piece:
                     parts.append(piece)
                 if j < len(pieces) - 1:
-                    parts.append(Image())
+                    parts.append(PluginPart(d.plugins["image"], ImageValue()))
         else:
             parts.append(s)
 
@@ -408,18 +414,22 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
         if not _is_map(part):
             raise MessageError("a content part must be an object", index=i, path=where)
         t = part.get("type")
-        # "image" is also the normal form's own spelling, whatever the template.
-        if d.image_part_types and (t in d.image_part_types or t == "image"):
-            parts.append(Image())
-        elif t in TEXT_PART_TYPES:
+        if t in TEXT_PART_TYPES:
             if "text" not in part:
                 raise MessageError("a text part needs 'text'", index=i, path=where)
             add_text(_text_of(part["text"], i, f"{where}.text"))
-        else:
+            continue
+        ext = d.part_owner.get(t) if isinstance(t, str) else None
+        if ext is None:
             raise MessageError(
                 f"content part type {t!r} is not supported by this template "
-                f"(supported: {', '.join(TEXT_PART_TYPES)}, {', '.join(d.image_part_types)})",
+                f"(supported: {', '.join([*TEXT_PART_TYPES, *d.part_owner])})",
                 index=i, path=where)
+        try:
+            value = ext.prepare(part)
+        except ValueError as e:
+            raise MessageError(getattr(e, "msg", str(e)), index=i, path=where) from None
+        parts.append(PluginPart(ext, value))
     return parts
 
 

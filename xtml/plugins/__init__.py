@@ -16,17 +16,35 @@ A plugin is an object with:
     :class:`~xtml.errors.TemplateError` with a location under ``where`` for a
     setting that is unknown, missing or of the wrong type.
 
-What a plugin may touch is its own settings and the configuration it returns;
-loading a template never runs anything else of it.
+What ``configure`` returns is the plugin's *extension* for that template.
+An extension that adds content (a modality, an element inside messages)
+subclasses :class:`ContentExtension` and says which content-part ``type``s,
+element names and embeds it owns, how a part renders to markup events, how
+markup reads back to a part, the part's normal form and a hypothesis strategy
+for its parts. The chat layer calls it through these methods only.
+
+What a plugin may touch: its own settings; the markup events of the parts it
+owns (elements and embeds inside a message body, through the sink it is
+given, balanced); the per-request :class:`Context` (its own state, the
+request's options read-only, problems it reports); the parts it reads back
+and, at the end of a parse, the request dict. It cannot add markers, roles or
+messages, or change how other parts render. Loading a template never runs
+anything of a plugin but ``configure``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import TemplateError
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from ..markup.nodes import Element
+    from ..markup.sink import MarkupSink
 
 GROUP = "xtml.plugins"
 
@@ -39,6 +57,84 @@ class Plugin(Protocol):
 
     def configure(self, settings: Mapping[str, Any], where: str) -> Any:
         """The checked configuration for ``settings``."""
+
+
+class Context:
+    """Per-request state, for one render, normal form or parse."""
+
+    __slots__ = ("options", "problem", "state")
+
+    def __init__(self, options: Any = None, problem: Callable[[str, str], None] | None = None) -> None:
+        self.options = options
+        """The resolved request options (render and normal form), or None (parse)."""
+        self.state: dict[str, Any] = {}
+        """Plugin-owned state, keyed by plugin name."""
+        self.problem = problem or _raise
+        """Report a problem found while reading: ``problem(message, kind)``.
+        Strict parses raise, lenient ones record a diagnostic."""
+
+    def of(self, name: str) -> Any:
+        """The state of plugin ``name`` (a dict made on first use)."""
+        st = self.state.get(name)
+        if st is None:
+            st = self.state[name] = {}
+        return st
+
+
+def _raise(message: str, kind: str) -> None:
+    raise ValueError(message)
+
+
+class ContentExtension:
+    """What a content plugin's ``configure`` returns. Override what applies;
+    the defaults own nothing."""
+
+    name: str = ""
+    part_types: tuple[str, ...] = ()
+    """Content-part ``type`` values this extension renders (the first is
+    the type parse gives back)."""
+    elements: tuple[str, ...] = ()
+    """Element names it owns inside a message body."""
+    embeds: bool = False
+    """Whether it reads embeds back (see :meth:`read_embed`)."""
+    grammar: str | None = None
+    """A Lark fragment added to the reference grammar (``%extend`` a rule or
+    terminal of ``grammar/xtml.lark``); the combined grammar must build as a
+    strict LALR parser."""
+
+    def prepare(self, part: Mapping[str, Any]) -> Any:
+        """Check an input part and resolve what rendering needs; raise
+        ValueError with a message for a bad part."""
+        return dict(part)
+
+    def render(self, value: Any, out: MarkupSink, ctx: Context) -> None:
+        """Emit the markup of one prepared part."""
+        raise NotImplementedError(f"plugin {self.name!r} renders no parts")
+
+    def normal(self, value: Any, ctx: Context) -> dict[str, Any]:
+        """The part as parse will give it back."""
+        return {"type": self.part_types[0]} if self.part_types else {}
+
+    def read_element(self, el: Element, ctx: Context) -> dict[str, Any] | None:
+        """The part an owned element stands for (raise ValueError if malformed)."""
+        return None
+
+    def read_embed(self, raw: str, ctx: Context) -> dict[str, Any] | None:
+        """The part an embed stands for, or None if it is not this plugin's."""
+        return None
+
+    def finish_render(self, ctx: Context) -> None:
+        """After a request is rendered: check what spans parts (counts)."""
+
+    def finish_normal(self, request: dict[str, Any], ctx: Context) -> None:
+        """After the normal form is built: request-level rewrites."""
+
+    def finish_parse(self, request: dict[str, Any], ctx: Context) -> None:
+        """After a parse: request-level results (an option, say)."""
+
+    def strategy(self) -> SearchStrategy[dict[str, Any]] | None:
+        """Hypothesis strategy for parts this extension renders."""
+        return None
 
 
 _explicit: dict[str, Plugin] = {}
@@ -101,4 +197,4 @@ def get(name: str, where: str) -> Plugin:
     raise TemplateError(f"plugin {name!r} is not installed (installed: {have})", location=where)
 
 
-__all__ = ["GROUP", "Plugin", "get", "installed", "use"]
+__all__ = ["GROUP", "ContentExtension", "Context", "Plugin", "get", "installed", "use"]

@@ -1,0 +1,100 @@
+"""Video: video content parts rendered as an embed with, for each sampled
+frame, as many pads as the processor's patch grid gives a frame of its size.
+
+A part gives ``width`` and ``height`` and either ``frames`` (already sampled)
+or ``duration`` (seconds), from which ``sample_fps`` frames per second are
+taken, at most ``max_frames``. The frames are not in the tokens: parse gives
+back ``{"type": "video", "frames": F, "width": W, "height": H}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import ContentExtension, Context
+from .media import Grid, PromptFormat, Settings, positive_int, positive_number
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from ..markup.sink import MarkupSink
+
+_KEYS = ("part_types", "prompt", "pad", "patch_size", "merge_size", "min_pixels", "max_pixels", "sample_fps",
+         "max_frames")
+
+
+class VideoExtension(ContentExtension):
+    name = "video"
+    embeds = True
+
+    def __init__(self, settings: Mapping[str, Any], where: str) -> None:
+        s = Settings(settings, where, _KEYS)
+        types = s.types("part_types", ["video", "video_url"])
+        self.part_types = ("video", *(t for t in types if t != "video"))
+        self.input_types = types
+        self.grid = Grid.from_settings(s)
+        self.sample_fps = s.num("sample_fps", 2.0, minimum=1e-9)
+        self.max_frames = s.num("max_frames", 64, integer=True, minimum=1)
+        self.format = PromptFormat(s.text("prompt"), s.text("pad"),
+                                   {"frames": "[0-9]+", "width": "[0-9]+", "height": "[0-9]+"}, where)
+
+    def frames_for(self, duration: float) -> int:
+        return int(max(1, min(self.max_frames, round(duration * self.sample_fps))))
+
+    def prepare(self, part: Mapping[str, Any]) -> tuple[int, int, int]:
+        w, h = positive_int(part, "width"), positive_int(part, "height")
+        if w is None or h is None:
+            raise ValueError("a video part needs width and height (of its frames)")
+        frames = positive_int(part, "frames")
+        if frames is None:
+            duration = positive_number(part, "duration")
+            if duration is None:
+                raise ValueError("a video part needs frames (sampled) or duration (seconds)")
+            frames = self.frames_for(duration)
+        if frames > self.max_frames:
+            raise ValueError(f"{frames} frames is more than this template's max_frames ({self.max_frames})")
+        return frames, w, h
+
+    def pads(self, frames: int, width: int, height: int) -> int:
+        return frames * self.grid.tokens(width, height)
+
+    def render(self, value: tuple[int, int, int], out: MarkupSink, ctx: Context) -> None:
+        f, w, h = value
+        out.embed(self.format.render(self.pads(f, w, h), frames=str(f), width=str(w), height=str(h)))
+
+    def normal(self, value: tuple[int, int, int], ctx: Context) -> dict[str, Any]:
+        f, w, h = value
+        return {"type": "video", "frames": f, "width": w, "height": h}
+
+    def read_embed(self, raw: str, ctx: Context) -> dict[str, Any] | None:
+        got = self.format.read(raw)
+        if got is None:
+            return None
+        fields, pads = got
+        f, w, h = int(fields["frames"]), int(fields["width"]), int(fields["height"])
+        if min(f, w, h) <= 0 or pads != self.pads(f, w, h):
+            ctx.problem(f"video {f}x{w}x{h} has {pads} pads, expected {self.pads(f, w, h) if min(f, w, h) else 0}",
+                        "bad-embed")
+        return {"type": "video", "frames": f, "width": w, "height": h}
+
+    def strategy(self) -> SearchStrategy[dict[str, Any]]:
+        from hypothesis import strategies as st
+
+        size = st.integers(16, 1920)
+        return st.one_of(
+            st.builds(lambda t, f, w, h: {"type": t, "frames": f, "width": w, "height": h},
+                      st.sampled_from(self.input_types), st.integers(1, min(8, self.max_frames)), size, size),
+            st.builds(lambda d, w, h: {"type": "video", "duration": d, "width": w, "height": h},
+                      st.floats(0.1, 20.0), size, size),
+        )
+
+
+class VideoPlugin:
+    name = "video"
+
+    def configure(self, settings: Mapping[str, Any], where: str) -> VideoExtension:
+        return VideoExtension(settings, where)
+
+
+plugin = VideoPlugin()
