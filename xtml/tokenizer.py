@@ -1,9 +1,10 @@
 """Segments ↔ token ids for a concrete tokenizer.
 
 :class:`Vocabulary` wraps a Hugging Face ``tokenizers.Tokenizer`` (loaded from
-a ``tokenizer.json`` file or a model folder; never from the network) and
-encodes ordinary text so that it can never turn into a special id: literal
-``<|open|>`` in user text stays plain text. :class:`Binding` joins a
+a ``tokenizer.json`` file or a model folder; never from the network), or a
+``tiktoken.Encoding`` (:mod:`xtml.tiktoken_vocab`), and encodes ordinary text
+so that it can never turn into a special id: literal ``<|open|>`` in user
+text stays plain text. :class:`Binding` joins a
 vocabulary to a template's markers, checks that every marker is exactly one
 special id, and turns markup into ids and back.
 """
@@ -68,6 +69,10 @@ class Vocabulary:
     def added_id(self, text: str) -> tuple[int, bool] | None:
         """(id, is_special) of an added token spelled ``text``."""
         return self._added.get(text)
+
+    def special_ids(self) -> frozenset[int]:
+        """The ids of every special token."""
+        return frozenset(i for i, special in self._added.values() if special)
 
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text encoded on its own as ordinary text."""
@@ -169,18 +174,65 @@ def _byte_to_char() -> dict[int, str]:
     return out
 
 
-def load_tokenizer(path: str | os.PathLike[str], *, add_special_tokens: Iterable[str] = ()) -> Vocabulary:
-    """Load a ``tokenizer.json`` (a file, or a folder holding one).
+def load_tokenizer(
+    path: str | os.PathLike[str],
+    *,
+    add_special_tokens: Iterable[str] = (),
+    pattern: str | None = None,
+) -> Vocabulary:
+    """Load a tokenizer from local files (never from the network).
+
+    ``path`` is one of:
+
+    * a Hugging Face ``tokenizer.json`` file;
+    * a tiktoken BPE file (a base64 token, a space and its rank on each
+      line), which has no added tokens (give the folder instead to get the
+      ones its ``tokenizer_config.json`` declares);
+    * a model folder holding a ``tokenizer.json`` (used first), or else a
+      tiktoken vocabulary (``tiktoken.model``, or its one ``*.tiktoken`` file)
+      with an optional ``tokenizer_config.json`` whose
+      ``added_tokens_decoder`` (id → ``{"content", "special", ...}``) gives
+      the added tokens, as Kimi's models ship their tokenizer. Added ids come
+      after the ranks; unnamed ids between the ranks and the highest added
+      id are reserved special tokens (``<|reserved_token_ID|>``).
+
+    A tiktoken vocabulary does not record its pre-tokenizer regex, so
+    ``pattern`` gives it; the default is Kimi's
+    (:data:`xtml.tiktoken_vocab.KIMI_PATTERN`). Other tiktoken models need
+    their own (cl100k, Qwen, ...). ``pattern`` is refused for a
+    ``tokenizer.json``, which records its own pre-tokenizer.
 
     ``add_special_tokens`` adds markers the vocabulary lacks, as special
     tokens: use it to fine-tune a base model on XTML, never to serve a model
     that was trained with other ids.
     """
     p = Path(path)
+    vocab_file: Path | None = None
+    config: Path | None = None
     if p.is_dir():
-        p = p / "tokenizer.json"
-    if not p.is_file():
-        raise TokenizerError(f"no tokenizer.json at {str(path)!r}")
+        if (p / "tokenizer.json").is_file():
+            p = p / "tokenizer.json"
+        else:
+            from .tiktoken_vocab import find_vocab_file
+
+            vocab_file = find_vocab_file(p)
+            if vocab_file is None:
+                raise TokenizerError(f"no tokenizer.json, tiktoken.model or *.tiktoken file in {str(path)!r}")
+            if (p / "tokenizer_config.json").is_file():
+                config = p / "tokenizer_config.json"
+    elif not p.is_file():
+        raise TokenizerError(f"no tokenizer.json or tiktoken vocabulary at {str(path)!r}")
+    else:
+        from .tiktoken_vocab import is_tiktoken_file
+
+        if is_tiktoken_file(p):
+            vocab_file = p
+    if vocab_file is not None:
+        from .tiktoken_vocab import load_tiktoken
+
+        return load_tiktoken(vocab_file, config, pattern, add_special_tokens)
+    if pattern is not None:
+        raise TokenizerError(f"pattern= is for tiktoken vocabularies; {str(p)!r} records its own pre-tokenizer")
     try:
         from tokenizers import Tokenizer
 
