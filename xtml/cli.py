@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from . import __version__
+from . import __version__, dataset
 from .errors import XtmlError
 from .template import Template, load
 from .tokenizer import Vocabulary, load_tokenizer
@@ -204,6 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("-n", "--examples", type=_positive, default=200, metavar="N",
                    help="examples per property (default: 200)")
     z.add_argument("--seed", type=int, metavar="S", help="seed, to repeat a run")
+    dataset.add_commands(sub)
     return ap
 
 
@@ -373,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _templates(args, out)
         elif args.command == "new-template":
             _new_template(args, out)
+        elif args.command in dataset.COMMANDS:
+            code = dataset.run(args, out)
         else:
             code = _fuzz(args, out)
         out.flush()

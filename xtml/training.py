@@ -17,6 +17,7 @@ construction.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -251,8 +252,8 @@ def row_request(row: Mapping[str, Any]) -> Any:
     Training rows end with their last message: ``add_generation_prompt`` is
     false unless the row says otherwise."""
     if "messages" in row:
-        req: Any = {k: _json_text(v, k) if k in ("messages", "tools") else v
-                    for k, v in row.items() if k in _REQUEST_KEYS and v is not None}
+        req: Any = {k: _json_text(v, k) if k in ("messages", "tools") else _plain(v)
+                    for k, v in row.items() if k in _REQUEST_KEYS and not _missing(v)}
     elif "request" in row:
         req = _json_text(row["request"], "request")
     else:
@@ -287,15 +288,23 @@ def _json_text(v: Any, column: str) -> Any:
     return _plain(v)
 
 
+def _missing(v: Any) -> bool:
+    """A value a column holds for "not set": None, pandas' NA and NaT, or
+    NaN (which no request field can hold)."""
+    return v is None or type(v).__name__ in ("NAType", "NaTType") or (isinstance(v, float) and math.isnan(v))
+
+
 def _plain(v: Any) -> Any:
     """Python values from what batch formats hold: numpy arrays (Ray's numpy
-    and pandas batches), numpy scalars, tuples."""
+    and pandas batches), numpy scalars, tuples, pandas' missing values."""
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, list | tuple):
         return [_plain(x) for x in v]
-    if isinstance(v, str | int | float | bool) or v is None:
+    if isinstance(v, str | int | bool) or v is None:
         return v
+    if _missing(v):
+        return None
     if hasattr(v, "tolist"):
         return _plain(v.tolist())
     return v
@@ -314,7 +323,8 @@ class MapFunction:
     ``labels=False``), ``length`` and ``error``. A row that cannot be
     rendered does not raise: it comes back with empty ids and the reason in
     ``error`` (``""`` for good rows), so a run over millions of rows is not
-    lost to one bad one; filter on ``error``.
+    lost to one bad one; filter on ``error``. Missing values (None, pandas'
+    NA) in option columns mean "not set".
 
     The function pickles as its arguments; each process loads the template
     and tokenizer once, on its first batch.
@@ -364,6 +374,8 @@ class MapFunction:
                 ids, mask, err = [], [], str(e)
             except RecursionError:
                 ids, mask, err = [], [], "the request is nested too deeply"
+            except Exception as e:  # one odd value must not fail the whole map; the row says why
+                ids, mask, err = [], [], f"unexpected {type(e).__name__}: {e}"
             else:
                 ids, mask, err = ex.ids, ex.mask, ""
             out["input_ids"].append(ids)

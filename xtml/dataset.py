@@ -1,0 +1,504 @@
+"""``xtml render-dataset`` and ``xtml lint-dataset``: JSONL requests to
+Parquet training data, and think-channel budget checks.
+
+The input is streamed in chunks of lines; each chunk is rendered by a worker
+(in this process, or in a pool of ``--workers`` processes that each load the
+template and tokenizer once) and the results are written in input order, one
+Parquet row group per chunk. Chunks depend only on the input, so the output
+is the same bytes whatever the number of workers. At most two chunks per
+worker are in flight, so memory stays bounded however large the input.
+
+A row that cannot be rendered (invalid JSON, a request the template refuses)
+is skipped and reported with its line number and the reason; it never stops
+the run, and the counts at the end always include it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from array import array
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import IO, Any, TextIO
+
+from .errors import XtmlError
+from .training import RowError, encode_training, overruns, row_request, with_training_defaults
+
+__all__ = ["COMMANDS", "DatasetError", "Job", "Report", "add_commands", "run", "run_job"]
+
+COMMANDS = ("render-dataset", "lint-dataset")
+
+EPILOG_RENDER = """examples:
+  xtml render-dataset chats.jsonl -o train.parquet --tokenizer path/to/model
+  xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --workers 8 --train last --labels
+  xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --check-budgets --errors bad.jsonl
+"""
+
+EPILOG_LINT = """examples:
+  xtml lint-dataset chats.jsonl --tokenizer path/to/model
+  xtml lint-dataset chats.jsonl -t my-model.toml --tokenizer tok.json --workers 4 --format json
+"""
+
+# Lines per chunk (and Parquet rows per row group), and the most bytes a
+# chunk gathers before it is handed out: long rows make smaller chunks.
+CHUNK_ROWS = 512
+CHUNK_BYTES = 16 << 20
+# Skipped rows and overruns printed in the text report; --errors or
+# --format json give all of them.
+SHOWN = 20
+
+
+class DatasetError(XtmlError):
+    """A dataset command cannot run: unreadable input, unwritable output, a
+    missing package."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What a worker needs: everything is loaded from these, so a job
+    pickles small."""
+
+    template: str
+    tokenizer: str
+    add_markers: bool = False
+    train: str | None = None
+    ids: bool = True
+    """Collect ids and masks (render-dataset); lint only counts."""
+    budgets: bool = False
+    """Check think channels against the template's budgets."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A worker's result for one chunk of lines."""
+
+    rows: int = 0
+    lines: list[int] = field(default_factory=list)
+    """Source line of each rendered row."""
+    lengths: list[int] = field(default_factory=list)
+    trained: list[int] = field(default_factory=list)
+    ids: bytes = b""
+    """The rows' ids, concatenated, as int32."""
+    mask: bytes = b""
+    """The rows' loss masks, concatenated, one byte per id."""
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    overruns: list[tuple[int, int, str, int, int]] = field(default_factory=list)
+    """(line, message index, effort, think tokens, budget)."""
+    efforts: Counter[str] = field(default_factory=Counter)
+    """Rendered rows per thinking effort (``off`` without thinking)."""
+
+
+@dataclass(slots=True)
+class Report:
+    """What a dataset command found, for the summary and for ``--format json``."""
+
+    rows: int = 0
+    written: int = 0
+    tokens: int = 0
+    trained: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    overruns: list[tuple[int, int, str, int, int]] = field(default_factory=list)
+    efforts: Counter[str] = field(default_factory=Counter)
+    over_by_effort: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def add(self, c: Chunk) -> None:
+        self.rows += c.rows
+        self.written += len(c.lines)
+        self.tokens += sum(c.lengths)
+        self.trained += sum(c.trained)
+        self.skipped += c.skipped
+        self.overruns += c.overruns
+        self.efforts.update(c.efforts)
+        # A row counts once per effort, however many of its messages overrun.
+        self.over_by_effort.update(e for _, e in {(line, e) for line, _, e, _, _ in c.overruns})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows, "written": self.written, "tokens": self.tokens, "trained": self.trained,
+            "skipped": [{"line": ln, "error": e} for ln, e in self.skipped],
+            "efforts": {e: {"rows": n, "over_budget": self.over_by_effort.get(e, 0)}
+                        for e, n in sorted(self.efforts.items())},
+            "overruns": [{"line": ln, "message": m, "effort": e, "tokens": t, "budget": b}
+                         for ln, m, e, t, b in self.overruns],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# -- workers ---------------------------------------------------------------------
+
+_state: tuple[Job, Any, Any] | None = None
+
+
+def _init(job: Job, quiet_threads: bool) -> None:
+    """Load the template and tokenizer of ``job`` in this process."""
+    global _state
+    if quiet_threads:
+        # Several worker processes already use every core; the tokenizer's
+        # own thread pool in each would only compete with them.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from .template import load
+    from .tokenizer import load_tokenizer
+
+    same = _state is not None and (_state[0].template, _state[0].tokenizer, _state[0].add_markers) == (
+        job.template, job.tokenizer, job.add_markers)
+    if same:
+        assert _state is not None
+        _state = (job, _state[1], _state[2])
+        return
+    tpl = load(job.template)
+    vocab = load_tokenizer(job.tokenizer, add_special_tokens=tpl.markers.all() if job.add_markers else ())
+    tpl.bind(vocab)  # a tokenizer that does not fit fails here, once
+    _state = (job, tpl, vocab)
+
+
+def _request(raw: bytes) -> Any:
+    try:
+        row = json.loads(raw)
+    except UnicodeDecodeError:
+        raise RowError("the line is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise RowError(f"invalid JSON: {e.msg} (at column {e.colno})") from None
+    if isinstance(row, list):
+        return with_training_defaults(row)
+    if not isinstance(row, dict):
+        raise RowError(f"a row must be a request object or a list of messages, not {_json_type(row)}")
+    return row_request(row)
+
+
+def _json_type(v: Any) -> str:
+    return {str: "a string", int: "a number", float: "a number", bool: "true or false"}.get(type(v), "null")
+
+
+def _process(lines: list[tuple[int, bytes]]) -> Chunk:
+    """Render one chunk of ``(line number, line)``; bad rows are recorded,
+    never raised."""
+    assert _state is not None, "worker not initialised"
+    job, tpl, vocab = _state
+    out = Chunk(rows=len(lines))
+    ids = array("i")
+    mask = bytearray()
+    for line, raw in lines:
+        try:
+            ex = encode_training(tpl, _request(raw), vocab, train=job.train)
+        except XtmlError as e:
+            out.skipped.append((line, str(e)))
+            continue
+        except RecursionError:
+            out.skipped.append((line, "the request is nested too deeply"))
+            continue
+        except Exception as e:  # a bug must not cost the rest of the run; the row is reported
+            out.skipped.append((line, f"unexpected {type(e).__name__}: {e}"))
+            continue
+        out.lines.append(line)
+        out.lengths.append(len(ex.ids))
+        out.trained.append(ex.trained)
+        out.efforts[ex.effort or "off"] += 1
+        if job.ids:
+            ids.extend(ex.ids)
+            mask.extend(ex.mask)
+        if job.budgets:
+            out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in overruns(ex, tpl.dialect)]
+    out.ids = ids.tobytes()
+    out.mask = bytes(mask)
+    return out
+
+
+# -- input -----------------------------------------------------------------------
+
+
+def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, bytes]]]:
+    """Non-blank lines with their 1-based numbers, in chunks; reads the
+    input as it goes."""
+    chunk: list[tuple[int, bytes]] = []
+    size = 0
+    for n, raw in enumerate(f, start=1):
+        progress(len(raw))
+        if not raw.strip():
+            continue  # blank lines are not rows
+        chunk.append((n, raw))
+        size += len(raw)
+        if len(chunk) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
+            progress: Any = None) -> Report:
+    """Render every chunk of ``source`` with ``workers`` processes (1: in
+    this process) and hand the results to ``sink`` in input order."""
+    report = Report()
+    started = time.perf_counter()
+    tick = progress.advance if progress is not None else (lambda n: None)
+
+    def take(c: Chunk) -> None:
+        report.add(c)
+        if sink is not None:
+            sink(c)
+        if progress is not None:
+            progress.update(report)
+
+    if workers <= 1:
+        _init(job, quiet_threads=False)
+        for chunk in _chunks(source, tick):
+            take(_process(chunk))
+    else:
+        import multiprocessing as mp
+
+        # forkserver: workers start from a clean process, not a fork of one
+        # that may hold threads (the tokenizer's pool, a progress bar).
+        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init,
+                                 initargs=(job, True)) as pool:
+            pending: deque[Future[Chunk]] = deque()
+            try:
+                for chunk in _chunks(source, tick):
+                    pending.append(pool.submit(_process, chunk))
+                    if len(pending) >= 2 * workers:
+                        take(pending.popleft().result())
+                while pending:
+                    take(pending.popleft().result())
+            except BaseException:
+                for p in pending:
+                    p.cancel()
+                raise
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# -- output ----------------------------------------------------------------------
+
+
+class ParquetSink:
+    """Writes chunks as Parquet row groups: ``line``, ``input_ids``,
+    ``loss_mask``, optionally ``labels``, ``length`` and ``trained``."""
+
+    def __init__(self, path: str, labels: bool) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DatasetError("render-dataset needs pyarrow: pip install 'xtml[data]'") from None
+        self.pa = pa
+        self.labels = labels
+        fields = [("line", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]
+        if labels:
+            fields.append(("labels", pa.list_(pa.int32())))
+        fields += [("length", pa.int32()), ("trained", pa.int32())]
+        self.schema = pa.schema(fields)
+        try:
+            self.writer = pq.ParquetWriter(path, self.schema)
+        except OSError as e:
+            raise DatasetError(f"cannot write {path}: {e}") from None
+
+    def __call__(self, c: Chunk) -> None:
+        if not c.lines:
+            return
+        pa = self.pa
+        n = sum(c.lengths)
+        offsets = pa.array(accumulate(c.lengths, initial=0), pa.int32())
+        ids = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(c.ids)])
+        mask = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(c.mask)])
+        cols = [pa.array(c.lines, pa.int64()), pa.ListArray.from_arrays(offsets, ids),
+                pa.ListArray.from_arrays(offsets, mask)]
+        if self.labels:
+            import pyarrow.compute as pc
+
+            labels = pc.if_else(pc.cast(mask, pa.bool_()), ids, pa.scalar(-100, pa.int32()))
+            cols.append(pa.ListArray.from_arrays(offsets, labels))
+        cols += [pa.array(c.lengths, pa.int32()), pa.array(c.trained, pa.int32())]
+        self.writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Progress:
+    """A rich progress bar on stderr (a terminal only): bytes read, rows,
+    tokens."""
+
+    def __init__(self, total: int | None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.task = self.bar.add_task("rendering", total=total, stats="")
+        self.bar.start()
+
+    def advance(self, n: int) -> None:
+        self.bar.advance(self.task, n)
+
+    def update(self, r: Report) -> None:
+        self.bar.update(self.task, stats=f"{r.written:,} rows, {r.tokens:,} tokens, {len(r.skipped):,} skipped")
+
+    def stop(self) -> None:
+        self.bar.stop()
+
+
+# -- the commands ----------------------------------------------------------------
+
+
+def _positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}")
+    return v
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``render-dataset`` and ``lint-dataset`` to the subcommands of the
+    ``xtml`` parser."""
+    from .cli import TOKENIZER_HELP
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", metavar="IN.jsonl",
+                       help="one request per line: a request object or a list of messages (- for stdin)")
+        p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                       help="built-in template name or template file (default: kimi-k3)")
+        p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP + "; required")
+        p.add_argument("--add-markers", action="store_true",
+                       help="add the template's markers to the tokenizer as special tokens")
+        p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                       help="worker processes (default: 1, this process); the output does not depend on it")
+        p.add_argument("--errors", metavar="FILE", dest="errors_file",
+                       help="write every skipped row (and overrun) as JSON lines to FILE")
+
+    r = sub.add_parser(
+        "render-dataset", help="render JSONL requests to Parquet: ids, loss mask, labels",
+        description="Render a JSONL file of requests to a Parquet file of training samples: line, input_ids, "
+                    "loss_mask (1 = trained, from the template's [training] rules), labels (with --labels), "
+                    "length and trained. Rows end with their last message (add_generation_prompt is false unless "
+                    "a row sets it). Bad rows are skipped and reported with their line; exit status 1 when any "
+                    "was (the file is complete either way).",
+        epilog=EPILOG_RENDER, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(r)
+    r.add_argument("-o", "--output", dest="parquet", required=True, metavar="OUT.parquet",
+                   help="the Parquet file to write (replaced when the run ends)")
+    r.add_argument("--train", choices=("all", "last"), default="all",
+                   help="all: every message of the trained roles (default); last: only the last turn")
+    r.add_argument("--labels", action="store_true", help="also write labels (ids, -100 where not trained)")
+    r.add_argument("--check-budgets", action="store_true",
+                   help="also report think channels over the budget of their effort (exit 1 when any)")
+
+    lint = sub.add_parser(
+        "lint-dataset", help="report think channels over the budget of their thinking effort",
+        description="Check a JSONL file of requests against the template's think-channel budgets "
+                    "([training.budgets]): the rows whose think channel in any assistant message has more tokens "
+                    "than the budget of the row's effort, and counts per effort. Rows that cannot be rendered are "
+                    "reported too. Exit 0 when there are none, 1 when there are some.",
+        epilog=EPILOG_LINT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(lint)
+    lint.add_argument("-f", "--format", choices=("text", "json"), default="text", help="report format")
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run a dataset command; returns the exit status. Raises
+    :class:`~xtml.errors.XtmlError` for input the command cannot use."""
+    if not args.tokenizer:
+        raise DatasetError(f"{args.command} needs --tokenizer PATH (a tokenizer.json or a folder with one)")
+    _init(Job(args.template, args.tokenizer, args.add_markers), quiet_threads=False)  # fail fast, in one line
+    render = args.command == "render-dataset"
+    job = Job(args.template, args.tokenizer, args.add_markers, train=args.train if render else None,
+              ids=render, budgets=not render or args.check_budgets)
+    source, close_source = _open_input(args.file)
+    sink: ParquetSink | None = None
+    tmp = ""
+    progress: _Progress | None = None
+    try:
+        if render:
+            tmp = f"{args.parquet}.partial"
+            sink = ParquetSink(tmp, args.labels)
+        if sys.stderr.isatty():
+            progress = _Progress(_size(source))
+        try:
+            report = run_job(job, source, workers=args.workers, sink=sink, progress=progress)
+        finally:
+            if progress is not None:
+                progress.stop()
+        if sink is not None:
+            sink.close()
+            sink = None
+            os.replace(tmp, args.parquet)
+    finally:
+        if sink is not None:
+            sink.close()
+        if tmp and os.path.exists(tmp):
+            os.remove(tmp)
+        if close_source:
+            source.close()
+    if args.errors_file:
+        _write_errors(args.errors_file, report)
+    if getattr(args, "format", "text") == "json":
+        out.write(json.dumps(report.as_dict(), ensure_ascii=False, indent=2) + "\n")
+    else:
+        _write_report(out, report, render, job.budgets, args)
+    return 1 if report.skipped or report.overruns else 0
+
+
+def _open_input(path: str) -> tuple[IO[bytes], bool]:
+    if path == "-":
+        return sys.stdin.buffer, False
+    try:
+        return open(path, "rb"), True
+    except OSError as e:
+        raise DatasetError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _size(f: IO[bytes]) -> int | None:
+    try:
+        st = os.fstat(f.fileno())
+    except (OSError, ValueError):
+        return None
+    import stat
+
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _write_errors(path: str, r: Report) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for line, err in r.skipped:
+                f.write(json.dumps({"line": line, "error": err}, ensure_ascii=False) + "\n")
+            for line, m, e, t, b in r.overruns:
+                f.write(json.dumps({"line": line, "error": f"message {m}: think channel of {t} tokens is over the "
+                                    f"{e} budget of {b}", "message": m, "effort": e, "tokens": t,
+                                    "budget": b}) + "\n")
+    except OSError as e:
+        raise DatasetError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _write_report(out: TextIO, r: Report, render: bool, budgets: bool, args: argparse.Namespace) -> None:
+    share = f" ({100 * r.trained / r.tokens:.1f}%)" if r.tokens else ""
+    rate = f", {r.rows / r.seconds:,.0f} rows/s" if r.seconds > 0 else ""
+    written = f"{r.written:,}" + (f" to {args.parquet}" if render else "")
+    for label, value in (("rows read", f"{r.rows:,}"), ("rows written" if render else "rows rendered", written),
+                         ("rows skipped", f"{len(r.skipped):,}"), ("tokens", f"{r.tokens:,}"),
+                         ("trained", f"{r.trained:,}{share}"), ("time", f"{r.seconds:.1f} s{rate}")):
+        out.write(f"{label:<15}{value}\n")
+    if budgets:
+        out.write("think budgets (rows over budget / rows, per effort):\n")
+        for effort, n in sorted(r.efforts.items()):
+            out.write(f"  {effort:<12} {r.over_by_effort.get(effort, 0):,} / {n:,}\n")
+    for line, err in r.skipped[:SHOWN]:
+        out.write(f"line {line}: skipped: {err}\n")
+    if budgets:
+        for line, m, e, t, b in r.overruns[:SHOWN]:
+            out.write(f"line {line}: message {m}: think channel of {t:,} tokens is over the {e} budget of {b:,}\n")
+    hidden = max(0, len(r.skipped) - SHOWN) + (max(0, len(r.overruns) - SHOWN) if budgets else 0)
+    if hidden:
+        out.write(f"... and {hidden:,} more" + (f" (all in {args.errors_file})" if args.errors_file
+                                                 else " (--errors FILE writes them all)") + "\n")
