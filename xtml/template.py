@@ -249,15 +249,22 @@ def _relocate(e: ParseError, shift: int, line_of: Any) -> ParseError:
     return ParseError(e.msg, offset=off, path=e.path)
 
 
-_cache: dict[str, Template] = {}
+_cache: dict[Any, Template] = {}
 
 
 def load(name_or_path: str | os.PathLike[str] = "kimi-k3") -> Template:
     """A template by built-in name (``kimi-k3``) or by file path."""
-    key = os.fspath(name_or_path)
+    name = os.fspath(name_or_path)
+    key: Any = name
+    try:
+        st = os.stat(name)
+        # A file edited since it was loaded is read again.
+        key = (name, st.st_mtime_ns, st.st_size)
+    except OSError:
+        pass
     t = _cache.get(key)
     if t is None:
-        t = Template(load_dialect(key))
+        t = Template(load_dialect(name))
         if len(_cache) < 64:
             _cache[key] = t
     return t

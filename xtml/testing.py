@@ -906,7 +906,7 @@ def check_injection_free(template: Template, request: Any, tokenizer: TokenizerL
                                  if got[mid] > want[mid] else
                                  f"marker {marker!r} (id {mid}) occurs {got[mid]} times in the ids but "
                                  f"{want[mid]} times in the special segments: a marker was lost")
-    special = {i for i, tok in b.vocab.tokenizer.get_added_tokens_decoder().items() if tok.special}
+    special = b.vocab.special_ids()
     for k, i in enumerate(ids):
         if i in special and i not in b.kind_of_id:
             raise AssertionError(f"special token {b.vocab.id_to_token(i)!r} (id {i}) at token {k}: text became "
