@@ -170,7 +170,7 @@ def _request(raw: bytes) -> Any:
         return with_training_defaults(row)
     if not isinstance(row, dict):
         raise RowError(f"a row must be a request object or a list of messages, not {_json_type(row)}")
-    return row_request(row)
+    return row_request(row, plain=True)
 
 
 def _json_type(v: Any) -> str:
@@ -203,7 +203,7 @@ def _process(lines: list[tuple[int, bytes]]) -> Chunk:
         out.efforts[ex.effort or "off"] += 1
         if job.ids:
             ids.extend(ex.ids)
-            mask.extend(ex.mask)
+            mask += ex.mask_bytes
         if job.budgets:
             out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in overruns(ex, tpl.dialect)]
     out.ids = ids.tobytes()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
+from typing import NamedTuple
 
 from .markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
 from .markup.segments import Segment
@@ -21,10 +22,9 @@ from .tokenizer import Binding
 __all__ = ["ElementSpan", "EncodedTree", "encode_spans"]
 
 
-@dataclass(frozen=True, slots=True)
-class ElementSpan:
+class ElementSpan(NamedTuple):
     """One element's place in the ids. Offsets are id indexes; ``end`` is
-    exclusive."""
+    exclusive. (A named tuple: one is made per element per render.)"""
 
     element: Element
     parent: int

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chat.dialect import Dialect, Training
 from .chat.render import render_tree
@@ -43,8 +43,7 @@ Train = Training | str | Iterable[int] | None
 ``"last"`` (only the last turn), message indexes, or a :class:`Training`."""
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(NamedTuple):
     """Where a message, or one channel of it, lies in the ids. ``end`` is
     exclusive; a message span runs from its open tag to its end marker,
     inclusive; a channel span covers the channel's tags too."""
@@ -74,8 +73,8 @@ class TrainingExample:
     """What :func:`encode_training` returns."""
 
     ids: list[int]
-    mask: list[int]
-    """1 for each trained id, 0 for the rest; as long as :attr:`ids`."""
+    mask_bytes: bytes
+    """The loss mask, one byte (1 or 0) per id: compact, for writers."""
     spans: tuple[Span, ...]
     """Each message (``channel=None``) followed by its channels, in id
     order. The generation prompt, when rendered, is not a span."""
@@ -86,14 +85,19 @@ class TrainingExample:
     """The rules the mask was made with."""
 
     @property
+    def mask(self) -> list[int]:
+        """1 for each trained id, 0 for the rest; as long as :attr:`ids`."""
+        return list(self.mask_bytes)
+
+    @property
     def labels(self) -> list[int]:
         """The ids, with :data:`IGNORE_INDEX` where the mask is 0."""
-        return [t if m else IGNORE_INDEX for t, m in zip(self.ids, self.mask)]
+        return [t if m else IGNORE_INDEX for t, m in zip(self.ids, self.mask_bytes)]
 
     @property
     def trained(self) -> int:
         """How many ids are trained."""
-        return sum(self.mask)
+        return self.mask_bytes.count(1)
 
     def channels(self, name: str) -> list[Span]:
         """The spans of one channel (``think``, say), in order."""
@@ -160,40 +164,47 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
         owner[tops[first + k]] = (m.index, role)
     chosen = _chosen(train, rules, [(m.index, "system" if m.tools is not None else m.role) for m in msgs])
 
-    n = len(enc.ids)
-    mask = bytearray(n)
+    mask = bytearray(len(enc.ids))
     spans: list[Span] = []
-    channels = set(d.channels())
+    channels = frozenset(d.channels())
+    els = enc.elements
     ends = set(enc.ends)
-    for t in tops:
-        s = enc.elements[t]
+    role_key = d.names["role"]
+    # One pass over the elements (document order): each top-level element
+    # with its channel children and its excluded descendants.
+    groups: list[tuple[int, list[int], list[int]]] = []
+    for k, e in enumerate(els):
+        if e.parent < 0:
+            groups.append((k, [], []))
+        elif e.parent == groups[-1][0] and e.element.tag in channels:
+            groups[-1][1].append(k)
+        if e.parent >= 0 and e.element.tag in rules.exclude:
+            groups[-1][2].append(k)
+    for t, kids, excluded in groups:
+        s = els[t]
         if not s.element.closed:
             continue  # the generation prompt
-        index, role = owner.get(t, (None, s.element.attr(d.names["role"]) or ""))
+        index, role = owner.get(t, (None, s.element.attr(role_key) or ""))
         end = s.end + 1 if s.end in ends else s.end
         spans.append(Span(index, role, None, s.start, end, s.body, s.body_end))
-        inside = enc.subtree(t)
-        kids = [c for c in inside if enc.elements[c].parent == t and enc.elements[c].element.tag in channels]
         for c in kids:
-            cs = enc.elements[c]
+            cs = els[c]
             spans.append(Span(index, role, cs.element.tag, cs.start, cs.end, cs.body, cs.body_end))
         if index is None or index not in chosen:
             continue
         if rules.channels and kids:
             for c in kids:
-                cs = enc.elements[c]
+                cs = els[c]
                 if cs.element.tag in rules.channels:
                     mask[cs.start:cs.end] = b"\x01" * (cs.end - cs.start)
         else:
             mask[s.body:s.body_end] = b"\x01" * (s.body_end - s.body)
-        if rules.exclude:
-            for c in inside:
-                cs = enc.elements[c]
-                if cs.element.tag in rules.exclude and c != t:
-                    mask[cs.start:cs.end] = bytes(cs.end - cs.start)
+        for c in excluded:
+            cs = els[c]
+            mask[cs.start:cs.end] = bytes(cs.end - cs.start)
         if rules.end:
             mask[s.body_end:end] = b"\x01" * (end - s.body_end)
-    return TrainingExample(enc.ids, list(mask), tuple(spans), o.effort if o.thinking else None, rules)
+    return TrainingExample(enc.ids, bytes(mask), tuple(spans), o.effort if o.thinking else None, rules)
 
 
 def _chosen(train: Train, rules: Training, msgs: list[tuple[int, str]]) -> set[int]:
@@ -245,17 +256,20 @@ def _load(template: str, tokenizer: str, add_markers: bool) -> tuple[Template, A
     return hit
 
 
-def row_request(row: Mapping[str, Any]) -> Any:
+def row_request(row: Mapping[str, Any], *, plain: bool = False) -> Any:
     """The request in a dataset row: its ``messages`` (a list, or JSON text)
     with the option columns that are set (``tools``, ``thinking`` ...), or a
     ``request`` column (an object or JSON text). Other columns are ignored.
     Training rows end with their last message: ``add_generation_prompt`` is
-    false unless the row says otherwise."""
+    false unless the row says otherwise. ``plain``: the values are already
+    plain Python (parsed JSON), with no numpy arrays or pandas NA to convert.
+    """
+    conv = _keep if plain else _plain
     if "messages" in row:
-        req: Any = {k: _json_text(v, k) if k in ("messages", "tools") else _plain(v)
+        req: Any = {k: _json_text(v, k, conv) if k in ("messages", "tools") else conv(v)
                     for k, v in row.items() if k in _REQUEST_KEYS and not _missing(v)}
     elif "request" in row:
-        req = _json_text(row["request"], "request")
+        req = _json_text(row["request"], "request", conv)
     else:
         raise RowError("the row has no 'messages' or 'request' column")
     return with_training_defaults(req)
@@ -277,7 +291,7 @@ class RowError(XtmlError):
     JSON text)."""
 
 
-def _json_text(v: Any, column: str) -> Any:
+def _json_text(v: Any, column: str, conv: Callable[[Any], Any]) -> Any:
     if isinstance(v, str | bytes):
         try:
             return json.loads(v)
@@ -285,7 +299,11 @@ def _json_text(v: Any, column: str) -> Any:
             raise RowError(f"column {column!r} holds invalid JSON: {e.msg} (at column {e.colno})") from None
         except RecursionError:
             raise RowError(f"column {column!r} holds JSON nested too deeply") from None
-    return _plain(v)
+    return conv(v)
+
+
+def _keep(v: Any) -> Any:
+    return v
 
 
 def _missing(v: Any) -> bool:
@@ -352,13 +370,17 @@ class MapFunction:
     def __repr__(self) -> str:
         return f"MapFunction({self.template!r}, {self.tokenizer!r}, train={self.train!r})"
 
-    def one(self, row: Mapping[str, Any]) -> TrainingExample:
-        """The training example of one row (raises on a bad row)."""
+    def one(self, row: Mapping[str, Any], *, plain: bool = False) -> TrainingExample:
+        """The training example of one row (raises on a bad row); ``plain``
+        as for :func:`row_request`."""
         tpl, vocab = _load(self.template, self.tokenizer, self.add_markers)
-        return encode_training(tpl, row_request(row), vocab, train=self.train)
+        return encode_training(tpl, row_request(row, plain=plain), vocab, train=self.train)
 
     def __call__(self, batch: Any) -> Any:
         cols, kind = _columns(batch)
+        # Python lists and dicts (datasets, Ray's default and pyarrow
+        # formats) need no conversion; numpy and pandas values do.
+        plain = kind in ("dict", "pyarrow")
         size = len(next(iter(cols.values()))) if cols else 0
         out: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "length": [], "error": []}
         if self.labels:
@@ -369,7 +391,7 @@ class MapFunction:
             ids: list[int]
             mask: list[int]
             try:
-                ex = self.one(row)
+                ex = self.one(row, plain=plain)
             except XtmlError as e:
                 ids, mask, err = [], [], str(e)
             except RecursionError:
