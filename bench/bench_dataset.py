@@ -36,11 +36,11 @@ from typing import Any
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before the tokenizer is first used
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import git_state, make_chat, own_texts  # noqa: E402
+from bench_core import git_state, make_chat, own_texts
 
-import xtml  # noqa: E402
-from xtml import dataset  # noqa: E402
-from xtml.training import encode_training  # noqa: E402
+import xtml
+from xtml import dataset
+from xtml.training import encode_training
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "dataset.json"

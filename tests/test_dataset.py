@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,39 @@ def test_datasets_map_with_two_processes(tiny_tokenizer: str) -> None:
     got = structs.map(fn, batched=True, remove_columns=["messages"])
     assert got["input_ids"] == [K3.encode_training(training_request(r["messages"]), vocab, train="last").ids
                                 for r in reqs[:3]]
+
+
+# -- docs/training.md ---------------------------------------------------------------
+
+DOC = Path(__file__).parent.parent / "docs" / "training.md"
+
+
+def test_training_doc_python_examples_run() -> None:
+    pytest.importorskip("datasets")
+    text = DOC.read_text(encoding="utf-8")
+    run_blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(run_blocks) >= 4, "the page lost its examples"
+    scope: dict[str, Any] = {}
+    for code in run_blocks:  # later blocks use what earlier ones made, as a reader does
+        exec(compile(code, str(DOC), "exec"), scope)
+    ex = scope["ex"]
+    assert scope["tok"].decode([t for t, m in zip(ex.ids, ex.mask) if m]) in text
+    for s in ex.spans:  # the spans the page prints are the real ones
+        assert f"# {s.message} {s.role} {s.channel} {s.start} {s.end}" in text
+    o = scope["overruns"](scope["k3"].encode_training(scope["long"], scope["tok"]), scope["k3"].dialect)
+    assert [f"# {x.message} {x.effort} {x.tokens} {x.budget}" in text for x in o] == [True]
+    assert scope["out"][2]["error"] in text
+    # Blocks marked no-run (they need files or a cluster) must at least compile.
+    for code in re.findall(r"```python no-run\n(.*?)```", text, re.S):
+        compile(code, str(DOC), "exec")
+
+
+def test_training_doc_command_lines_parse() -> None:
+    from xtml.cli import _parser
+
+    lines = [ln for block in re.findall(r"```sh\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+             for ln in block.splitlines() if ln.startswith("xtml ")]
+    assert len(lines) >= 5
+    for ln in lines:
+        args = _parser().parse_args(shlex.split(ln)[1:])
+        assert args.command in dataset.COMMANDS
