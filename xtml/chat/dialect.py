@@ -21,6 +21,7 @@ from ..markup.header import is_name
 from ..markup.markers import Markers
 from ..plugins import ContentExtension
 from ..plugins import get as get_plugin
+from ..plugins.channels import ChannelExtension
 from ..plugins.image import ImageExtension
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -160,6 +161,8 @@ class Dialect:
     """Every content extension, in the file's order."""
     grammar: str = ""
     """The reference grammar with the plugins' fragments."""
+    channel_exts: tuple[ChannelExtension, ...] = ()
+    """The channel plugins of ``channel_order``, in that order."""
     training: Training = field(default_factory=lambda: Training())
 
     def n(self, key: str) -> str:
@@ -382,12 +385,25 @@ def _thinking(c: _Check, data: dict[str, Any]) -> tuple[bool, tuple[str, ...], s
     return default, efforts, effort, off
 
 
-def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, str]]:
+def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, str],
+                                                     tuple[ChannelExtension, ...]]:
     ch = c.table(data, "channels", "", required=False)
     c.keys(ch, ("order",), "channels")
     order = c.strings(ch, "order", "channels", list(_CHANNELS))
     if sorted(order) != sorted(_CHANNELS):
         c.add(f"order must list each of {', '.join(_CHANNELS)} once", "channels.order")
+    exts: list[ChannelExtension] = []
+    for name in order:
+        # The channels come through the plugin door like every element.
+        try:
+            ext = get_plugin(name, "channels.order").configure({}, "channels.order")
+        except TemplateError as e:
+            c.add(e.msg, "channels.order")
+            continue
+        if not isinstance(ext, ChannelExtension):
+            c.add(f"plugin {name!r} is not a channel", "channels.order")
+            continue
+        exts.append(ext)
     gen = c.table(data, "generation", "", required=False)
     c.keys(gen, ("plain", "thinking"), "generation")
     picked: list[str] = []
@@ -396,7 +412,7 @@ def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
         if v and v not in _CHANNELS:
             c.add(f"{mode} must be one of {', '.join(_CHANNELS)}, or \"\" to open none", f"generation.{mode}")
         picked.append(v)
-    return order, (picked[0], picked[1])
+    return order, (picked[0], picked[1]), tuple(exts)
 
 
 def _plugins(c: _Check, data: dict[str, Any]) -> dict[str, Any]:
@@ -553,7 +569,7 @@ def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
         json_fallback_type=jf_type, system=system, path=path, training=training,
         channel_order=channels[0], prompt_channel=channels[1], plugins=plugins,
         part_owner=part_owner, element_owner=element_owner, embed_readers=tuple(x for x in content if x.embeds),
-        content=content, grammar=grammar,
+        content=content, grammar=grammar, channel_exts=channels[2],
     )
 
 

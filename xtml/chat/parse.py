@@ -14,26 +14,21 @@ from typing import Any
 from ..errors import ParseError
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
 from ..plugins import Context
-from . import jsonfmt
 from .dialect import Dialect, SystemMessage
 from .render import call_id
 
-_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
-    "number": (int, float),
-    "boolean": bool,
-    "null": type(None),
-    "object": dict,
-    "array": list,
-}
 
+class Reader:
+    """Reads a markup tree as the dialect's requests; channel and content
+    plugins read their elements with its helpers."""
 
-class _Reader:
     def __init__(self, d: Dialect, lenient: bool) -> None:
         self.d = d
         self.n = d.names
         self.lenient = lenient
         self.diags: list[Diagnostic] = []
         self.ctx = Context(None, lambda message, kind: self.problem(None, message, kind))
+        self.fields = sorted(d.channel_exts, key=lambda ch: ch.field_order)
         n = self.n
         # Which attributes each element may carry, by role.
         self.a_msg = frozenset((n["role"], n["name"]))
@@ -190,85 +185,13 @@ class _Reader:
                          path)
         if thinking is False and think is not None:
             self.problem(think, "think channel in non-thinking mode", "unexpected-channel", path)
-        response = seen.get(n["response"]) or seen.get("_stray")
         if n["response"] not in seen and not self.lenient:
             self.problem(el, "assistant message without a response channel", "missing-channel", path)
-        msg["content"] = self.content(response, f"{path}/{n['response']}") if response is not None else ""
-        if think is not None:
-            reasoning = self.text(think, f"{path}/{n['think']}")
-            if reasoning:
-                msg["reasoning_content"] = reasoning
-        tools = seen.get(n["tools"])
-        if tools is not None:
-            calls: list[dict[str, Any]] = []
-            for c in tools.children:
-                if isinstance(c, Element) and c.tag == n["call"]:
-                    calls.append(self.call(c, pos, len(calls) + 1, f"{path}/{n['tools']}"))
-                elif isinstance(c, Text) and not c.text.strip() and self.lenient:
-                    continue
-                else:
-                    self.problem(tools, "only calls may stand in the tools channel", "stray-content", path)
-            if calls:
-                msg["tool_calls"] = calls
+        if n["response"] not in seen and "_stray" in seen:
+            seen[n["response"]] = seen["_stray"]
+        for ch in self.fields:
+            ch.read(seen.get(n[ch.name]), msg, self, pos, path)
         return msg
-
-    def call(self, el: Element, pos: int, k: int, path: str) -> dict[str, Any]:
-        n = self.n
-        here = f"{path}/{n['call']}[{k}]"
-        a = self.attrs(el, self.a_call, here)
-        name = a.get(n["tool"])
-        if not name:
-            self.problem(el, "a call without a tool name", "missing-attribute", here)
-            name = name or ""
-        if a.get(n["index"]) != str(k):
-            self.problem(el, f"call index {a.get(n['index'])!r}, expected {str(k)!r}", "bad-index", here)
-        blocks = [c for c in el.children if isinstance(c, Element) and c.tag == n["json"]]
-        arguments: str
-        if blocks:
-            if len(el.children) != 1:
-                self.problem(el, "a json block must be the only thing in a call", "stray-content", here)
-            arguments = self.text(blocks[0], f"{here}/{n['json']}")
-        else:
-            args: dict[str, Any] = {}
-            for c in el.children:
-                if isinstance(c, Element) and c.tag == n["argument"]:
-                    key, value = self.argument(c, f"{here}/{n['argument']}")
-                    if key in args:
-                        self.problem(c, f"argument {key!r} given twice", "duplicate-argument", here)
-                    args[key] = value
-                elif isinstance(c, Text) and not c.text.strip() and self.lenient:
-                    continue
-                else:
-                    self.problem(el, "only arguments may stand in a call", "stray-content", here)
-            arguments = jsonfmt.arguments(args)
-        return {"id": call_id(pos, k), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-    def argument(self, el: Element, path: str) -> tuple[str, Any]:
-        n = self.n
-        a = self.attrs(el, self.a_arg, path)
-        key = a.get(n["key"])
-        if key is None:
-            self.problem(el, "an argument without a key", "missing-attribute", path)
-            key = ""
-        typ = a.get(n["type"], "string")
-        if n["type"] not in a:
-            self.problem(el, f"argument {key!r} without a type", "missing-attribute", path)
-        raw = self.text(el, path)
-        if typ == "string":
-            return key, raw
-        want = _JSON_TYPES.get(typ)
-        if want is None:
-            self.problem(el, f"argument {key!r} has unknown type {typ!r}", "bad-argument", path)
-            return key, raw
-        try:
-            value = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
-            self.problem(el, f"argument {key!r} of type {typ} is not JSON: {raw[:40]!r}", "bad-argument", path)
-            return key, raw
-        if not isinstance(value, want) or (typ == "number" and isinstance(value, bool)):
-            self.problem(el, f"argument {key!r} is not a {typ}: {raw[:40]!r}", "bad-argument", path)
-            return key, raw
-        return key, value
 
     # -- documents -------------------------------------------------------------
 
@@ -419,7 +342,7 @@ class _Reader:
 
 
 def parse_conversation(d: Dialect, doc: Document, *, lenient: bool) -> tuple[dict[str, Any], list[Diagnostic]]:
-    r = _Reader(d, lenient)
+    r = Reader(d, lenient)
     req = r.conversation(doc)
     return req, list(doc.diagnostics) + r.diags
 
@@ -427,7 +350,7 @@ def parse_conversation(d: Dialect, doc: Document, *, lenient: bool) -> tuple[dic
 def parse_completion(
     d: Dialect, doc: Document, *, thinking: bool, lenient: bool, shift: int
 ) -> tuple[dict[str, Any], list[Diagnostic]]:
-    r = _Reader(d, lenient)
+    r = Reader(d, lenient)
     msg = r.completion(doc, thinking, any(x.kind == "truncated" for x in doc.diagnostics))
     r.finish(msg)
     # Offsets count from the start of the completion, not of the prompt

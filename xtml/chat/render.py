@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MessageError, TemplateError
+from ..errors import TemplateError
 from ..markup.nodes import Node
 from ..markup.sink import Attrs, MarkupSink, TreeBuilder
 from ..plugins import ContentExtension, Context
 from . import jsonfmt
 from .dialect import Dialect
-from .request import Call, Msg, Options, Part, deep_sort, json_compact, value_type
+from .request import Call, Msg, Options, Part, deep_sort, json_compact
 
 
 def call_id(pos: int, k: int) -> str:
@@ -70,19 +70,21 @@ def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
     return tb.finish()
 
 
-def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
-    """Emit the markup of a resolved request into ``sink``, in order."""
-    n = d.names
-    msg_tag, role, type_ = n["message"], n["role"], n["type"]
-    think, response = n["think"], n["response"]
-    ctx = Context(o)
+class RenderState:
+    """What the channel and content plugins render with: the dialect, the
+    resolved options, the sink and the per-request plugin context."""
 
-    def internal(key: str, **values: str) -> None:
-        sm = d.system[key]
-        sink.element(msg_tag, ((role, "system"), (type_, sm.type)), sm.body.render(**values), True)
-        sink.end()
+    __slots__ = ("ctx", "d", "o", "sink")
 
-    def body(parts: list[Part]) -> None:
+    def __init__(self, d: Dialect, o: Options, sink: MarkupSink | None) -> None:
+        self.d = d
+        self.o = o
+        self.sink: MarkupSink = sink if sink is not None else TreeBuilder()
+        self.ctx = Context(o)
+
+    def body(self, parts: list[Part]) -> None:
+        """Text and plugin parts, in order."""
+        sink, ctx = self.sink, self.ctx
         for p in parts:
             if type(p) is str:
                 sink.text(p)
@@ -90,6 +92,22 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
                 guard = _Guard(sink, p.ext)  # type: ignore[union-attr]
                 p.ext.render(p.value, guard, ctx)  # type: ignore[union-attr]
                 guard.done()
+
+    def content(self, parts: list[Part]) -> str | list[dict[str, Any]]:
+        return content_value(parts, self.ctx)
+
+
+def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
+    """Emit the markup of a resolved request into ``sink``, in order."""
+    n = d.names
+    msg_tag, role, type_ = n["message"], n["role"], n["type"]
+    s = RenderState(d, o, sink)
+    channels = d.channel_exts
+
+    def internal(key: str, **values: str) -> None:
+        sm = d.system[key]
+        sink.element(msg_tag, ((role, "system"), (type_, sm.type)), sm.body.render(**values), True)
+        sink.end()
 
     if o.tools:
         internal("tool-declare", tools=o.tools_json)
@@ -104,24 +122,10 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
         else:
             sink.open(msg_tag, ((role, m.role), (n["name"], m.name)) if m.name else ((role, m.role),))
         if m.role != "assistant":
-            body(m.parts)
+            s.body(m.parts)
         else:
-            for ch in d.channel_order:
-                if ch == "think":
-                    if o.thinking:
-                        sink.element(think, (), m.reasoning)
-                elif ch == "response":
-                    if len(m.parts) == 1 and type(m.parts[0]) is str:
-                        sink.element(response, (), m.parts[0])
-                    else:
-                        sink.open(response)
-                        body(m.parts)
-                        sink.close()
-                elif m.calls:
-                    sink.open(n["tools"])
-                    for k, c in enumerate(m.calls, start=1):
-                        _call(d, c, k, m.index, sink)
-                    sink.close()
+            for ch in channels:
+                ch.render(m, s)
         sink.close()
         sink.end()
     if o.tool_choice is not None:
@@ -138,27 +142,7 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
         if channel:
             sink.open(channel)
     for ext in d.content:
-        ext.finish_render(ctx)
-
-
-def _call(d: Dialect, c: Call, k: int, index: int, sink: MarkupSink) -> None:
-    n = d.names
-    sink.open(n["call"], ((n["tool"], c.name), (n["index"], str(k))))
-    if c.args is None:
-        sink.element(n["json"], ((n["type"], d.json_fallback_type),), c.raw or "")
-    else:
-        key_, type_, arg = n["key"], n["type"], n["argument"]
-        for key, value in c.args:
-            if type(value) is str:
-                text = value
-            else:
-                try:
-                    text = jsonfmt.value(value)
-                except (TypeError, ValueError, RecursionError) as e:
-                    raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
-                                       path=f"tool_calls[{k - 1}].function.arguments") from None
-            sink.element(arg, ((key_, key), (type_, value_type(value))), text)
-    sink.close()
+        ext.finish_render(s.ctx)
 
 
 def content_value(parts: list[Part], ctx: Context) -> str | list[dict[str, Any]]:
@@ -185,7 +169,9 @@ def arguments_json(c: Call) -> str:
 
 def normal_form(d: Dialect, o: Options, msgs: list[Msg]) -> dict[str, Any]:
     """What :func:`render_tree` means, as a request: what parse returns."""
-    ctx = Context(o)
+    s = RenderState(d, o, None)
+    ctx = s.ctx
+    fields = sorted(d.channel_exts, key=lambda ch: ch.field_order)
     out_msgs: list[dict[str, Any]] = []
     for pos, m in enumerate(msgs):
         if m.tools is not None:
@@ -202,16 +188,11 @@ def normal_form(d: Dialect, o: Options, msgs: list[Msg]) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": m.role}
         if m.name:
             msg["name"] = m.name
-        msg["content"] = content_value(m.parts, ctx)
         if m.role == "assistant":
-            if m.reasoning:
-                msg["reasoning_content"] = m.reasoning
-            if m.calls:
-                msg["tool_calls"] = [
-                    {"id": call_id(pos, k), "type": "function",
-                     "function": {"name": c.name, "arguments": arguments_json(c)}}
-                    for k, c in enumerate(m.calls, start=1)
-                ]
+            for ch in fields:
+                ch.normal(m, pos, s, msg)
+        else:
+            msg["content"] = content_value(m.parts, ctx)
         out_msgs.append(msg)
     req: dict[str, Any] = {"messages": out_msgs}
     if o.tools:
