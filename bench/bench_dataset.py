@@ -77,11 +77,14 @@ def floor_texts(req: dict[str, Any]) -> list[str]:
 
 class Clock:
     """A progress sink for run_job that notes when each chunk's result
-    arrives: the rate after the first result leaves out start-up (worker
-    processes loading the tokenizer) and the pipeline filling."""
+    arrives: the rate after the first result leaves out start-up and the
+    pipeline filling."""
 
     def __init__(self) -> None:
         self.marks: list[tuple[float, int, int]] = []
+
+    def start(self) -> None:
+        pass
 
     def advance(self, n: int) -> None:
         pass

@@ -135,6 +135,9 @@ class Report:
 # -- workers ---------------------------------------------------------------------
 
 _state: tuple[Job, Any, Any] | None = None
+# The loaded tokenizer, by path and added markers: templates that share
+# markers share it.
+_vocabs: dict[tuple[str, tuple[str, ...]], Any] = {}
 
 
 def _init(job: Job, quiet_threads: bool) -> None:
@@ -154,7 +157,12 @@ def _init(job: Job, quiet_threads: bool) -> None:
         _state = (job, _state[1], _state[2])
         return
     tpl = load(job.template)
-    vocab = load_tokenizer(job.tokenizer, add_special_tokens=tpl.markers.all() if job.add_markers else ())
+    key = (os.path.abspath(job.tokenizer), tuple(tpl.markers.all()) if job.add_markers else ())
+    vocab = _vocabs.get(key)
+    if vocab is None:
+        vocab = load_tokenizer(job.tokenizer, add_special_tokens=key[1])
+        _vocabs.clear()  # one tokenizer at a time: a large vocabulary is hundreds of MB
+        _vocabs[key] = vocab
     tpl.bind(vocab)  # a tokenizer that does not fit fails here, once
     _state = (job, tpl, vocab)
 
@@ -235,7 +243,9 @@ def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, bytes]]]:
 def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
             progress: Any = None) -> Report:
     """Render every chunk of ``source`` with ``workers`` processes (1: in
-    this process) and hand the results to ``sink`` in input order."""
+    this process) and hand the results to ``sink`` in input order.
+    ``progress`` (optional) is started once the workers are up, then told
+    of bytes read (``advance``) and of each chunk done (``update``)."""
     report = Report()
     started = time.perf_counter()
     tick = progress.advance if progress is not None else (lambda n: None)
@@ -249,16 +259,26 @@ def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
 
     if workers <= 1:
         _init(job, quiet_threads=False)
+        if progress is not None:
+            progress.start()
         for chunk in _chunks(source, tick):
             take(_process(chunk))
     else:
         import multiprocessing as mp
 
-        # forkserver: workers start from a clean process, not a fork of one
-        # that may hold threads (the tokenizer's pool, a progress bar).
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init,
-                                 initargs=(job, True)) as pool:
+        # On Linux the workers are forks of this process: they start at once
+        # and share the tokenizer it loaded. They are forked before any other
+        # thread of ours exists (the progress bar's starts after), so no lock
+        # can be copied held. Elsewhere they start afresh and load their own.
+        if sys.platform == "linux":
+            _init(job, quiet_threads=False)
+            ctx = mp.get_context("fork")
+        else:
+            ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(job, True)) as pool:
+            pool.submit(int).result()  # with fork, every worker starts on the first task
+            if progress is not None:
+                progress.start()
             pending: deque[Future[Chunk]] = deque()
             try:
                 for chunk in _chunks(source, tick):
@@ -334,6 +354,8 @@ class _Progress:
                             TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                             console=Console(stderr=True), transient=True)
         self.task = self.bar.add_task("rendering", total=total, stats="")
+
+    def start(self) -> None:
         self.bar.start()
 
     def advance(self, n: int) -> None:
