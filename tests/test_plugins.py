@@ -10,7 +10,7 @@ import math
 import wave
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -76,13 +76,15 @@ def test_grid_matches_hand_computed_sizes() -> None:
     assert g.tokens(8000, 6000) == (w // 14) * (h // 14) // 4 <= 1280
 
 
-@given(st.integers(1, 20_000), st.integers(1, 20_000))
+@given(st.integers(1, 10**12), st.integers(1, 10**12))
 def test_grid_invariants(w: int, h: int) -> None:
     g = Grid(14, 2, 3136, 1003520)
     rw, rh = g.resize(w, h)
     assert rw % 28 == 0 and rh % 28 == 0 and rw >= 28 and rh >= 28
+    assert rw * rh <= g.max_pixels  # whatever the aspect ratio
+    assert g.tokens(w, h) <= g.max_pixels // (14 * 14 * 4)
     if 200 <= min(w, h) and max(w, h) / min(w, h) < 50:
-        assert rw * rh <= g.max_pixels and rw * rh >= g.min_pixels
+        assert rw * rh >= g.min_pixels
         assert math.isclose(rw / rh, w / h, rel_tol=0.35)
 
 
@@ -242,7 +244,7 @@ def test_citation_read_back_errors(cited: Path) -> None:
     t = xtml.load(cited)
     bad = ('<|open|>message role="user"<|sep|><|open|>cite source="a" page="2"<|sep|>x<|close|>cite<|sep|>'
            "<|close|>message<|sep|><|end_of_msg|>")
-    with pytest.raises(xtml.ParseError, match="exactly one attribute"):
+    with pytest.raises(xtml.ParseError, match="'cite' takes no attribute 'page'"):
         t.parse(bad)
     out = t.parse(bad, lenient=True)
     assert out["messages"][0]["content"] == "x" and out["diagnostics"][0]["kind"] == "bad-element"
@@ -341,3 +343,30 @@ def test_plugin_written_from_the_docs_behaves_like_the_package() -> None:
     from_docs.render(from_docs.prepare({"source": "https://x.org", "text": "to be"}), tb, Context())
     shown = to_text(tb.finish(), k3.markers)
     assert f"`{shown}`" in doc
+
+
+class _Pinned(ContentExtension):
+    name = "pinned"
+    part_types = ("pin",)
+    elements = ("pin",)
+    attributes: ClassVar[dict[str, dict[str, type]]] = {"pin": {"lat": float, "zoom": int, "label": str}}
+
+    def render(self, value: Any, out: MarkupSink, ctx: Context) -> None:
+        out.element("pin", tuple((k, str(v)) for k, v in value.items() if k != "type"), "")
+
+    def read_element(self, el: Any, ctx: Context) -> dict[str, Any] | None:
+        return {"type": "pin", **{k: float(v) if k == "lat" else int(v) if k == "zoom" else v for k, v in el.attrs}}
+
+
+def test_declared_attributes_are_checked_both_ways(tmp_path: Path) -> None:
+    t = xtml.load(_with(tmp_path, _Fake("pinned", _Pinned())))
+    good = [{"role": "user", "content": [{"type": "pin", "lat": 1.5, "zoom": 3}]}]
+    assert t.parse(t.render(good).text)["messages"][0]["content"] == good[0]["content"]
+    with pytest.raises(xtml.TemplateError, match="attribute 'zoom' of 'pin' must be an integer"):
+        t.render([{"role": "user", "content": [{"type": "pin", "zoom": 2.5}]}])
+    with pytest.raises(xtml.TemplateError, match="'pin' takes no attribute 'alt'"):
+        t.render([{"role": "user", "content": [{"type": "pin", "alt": 1}]}])
+    bad = ('<|open|>message role="user"<|sep|><|open|>pin lat="north"<|sep|><|close|>pin<|sep|>'
+           "<|close|>message<|sep|><|end_of_msg|>")
+    with pytest.raises(xtml.ParseError, match="attribute 'lat' of 'pin' must be a number"):
+        t.parse(bad)

@@ -459,6 +459,13 @@ def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str]) -> tuple
                       f"plugins.{pname}", "enable only one of them, or change one's part_types")
             else:
                 parts[t] = (pname, ext)
+        for e, spec in ext.attributes.items():
+            bad = [k for k in spec if not is_name(k)] + [f"{k} ({t!r})" for k, t in spec.items()
+                                                         if t not in (str, int, float, bool)]
+            if e not in ext.elements or bad:
+                c.add(f"plugin {pname!r} declares attributes badly for {e!r}: "
+                      f"{'not one of its elements' if e not in ext.elements else ', '.join(bad)}",
+                      f"plugins.{pname}")
         for e in ext.elements:
             if not is_name(e):
                 c.add(f"plugin {pname!r} owns {e!r}, which is not a valid element name", f"plugins.{pname}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ParseError
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
-from ..plugins import Context
+from ..plugins import Context, check_attributes
 from .dialect import Dialect, SystemMessage
 from .render import call_id
 
@@ -117,7 +117,10 @@ class Reader:
                 if owner is None:
                     self.problem(c, f"element {c.tag!r} inside message content", "unexpected-element", path)
                 else:
+                    why = check_attributes(owner, c.tag, c.attrs)
                     try:
+                        if why is not None:
+                            raise ValueError(why)
                         got = owner.read_element(c, self.ctx)
                     except ValueError as e:
                         self.problem(c, f"{c.tag!r}: {e}", "bad-element", path)

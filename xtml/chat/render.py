@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import TemplateError
 from ..markup.nodes import Node
 from ..markup.sink import Attrs, MarkupSink, TreeBuilder
-from ..plugins import ContentExtension, Context
+from ..plugins import ContentExtension, Context, check_attributes
 from . import jsonfmt
 from .dialect import Dialect
 from .request import Call, Msg, Options, Part, deep_sort, json_compact
@@ -36,7 +36,13 @@ class _Guard:
         self.ext = ext
         self.depth = 0
 
+    def _check(self, tag: str, attrs: Attrs) -> None:
+        why = check_attributes(self.ext, tag, attrs)
+        if why is not None:
+            raise TemplateError(f"plugin {self.ext.name!r} rendered an element its declaration refuses: {why}")
+
     def open(self, tag: str, attrs: Attrs = ()) -> None:
+        self._check(tag, attrs)
         self.depth += 1
         self.sink.open(tag, attrs)
 
@@ -50,6 +56,7 @@ class _Guard:
         self.sink.text(text, stable)
 
     def element(self, tag: str, attrs: Attrs, text: str, stable: bool = False) -> None:
+        self._check(tag, attrs)
         self.sink.element(tag, attrs, text, stable)
 
     def embed(self, raw: str) -> None:

@@ -85,6 +85,39 @@ def _raise(message: str, kind: str) -> None:
     raise ValueError(message)
 
 
+ATTRIBUTE_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def check_attributes(ext: ContentExtension, tag: str, attrs: tuple[tuple[str, str], ...]) -> str | None:
+    """Why ``attrs`` do not fit what ``ext`` declares for ``tag``, or None."""
+    spec = ext.attributes.get(tag)
+    if spec is None:
+        return None
+    seen: set[str] = set()
+    for k, v in attrs:
+        typ = spec.get(k)
+        if typ is None:
+            return f"{tag!r} takes no attribute {k!r} (it takes {', '.join(spec) or 'none'})"
+        if k in seen:
+            return f"attribute {k!r} given twice"
+        seen.add(k)
+        if not _fits(v, typ):
+            return f"attribute {k!r} of {tag!r} must be {ATTRIBUTE_TYPES.get(typ, typ.__name__)}, not {v!r}"
+    return None
+
+
+def _fits(v: str, typ: type) -> bool:
+    if typ is str:
+        return True
+    if typ is bool:
+        return v in ("true", "false")
+    try:
+        typ(v)
+    except ValueError:
+        return False
+    return typ is not float or v.strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity")
+
+
 class ContentExtension:
     """What a content plugin's ``configure`` returns. Override what applies;
     the defaults own nothing."""
@@ -95,6 +128,10 @@ class ContentExtension:
     the type parse gives back)."""
     elements: tuple[str, ...] = ()
     """Element names it owns inside a message body."""
+    attributes: Mapping[str, Mapping[str, type]] = {}
+    """For each owned element, the attributes it may carry and the type of
+    each value (``str``, ``int``, ``float`` or ``bool``). Checked when the
+    plugin renders one and before :meth:`read_element` sees one."""
     embeds: bool = False
     """Whether it reads embeds back (see :meth:`read_embed`)."""
     grammar: str | None = None

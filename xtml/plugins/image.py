@@ -144,7 +144,8 @@ class ImageExtension(ContentExtension):
         if got is None:
             return None
         w, h = int(got[0]["width"]), int(got[0]["height"])
-        if w <= 0 or h <= 0 or raw != self.prompt_for(w, h):
+        assert self.grid is not None
+        if w <= 0 or h <= 0 or got[1] != self.grid.tokens(w, h) or raw != self.prompt_for(w, h):
             return None
         return w, h
 

@@ -85,6 +85,13 @@ class Grid:
             beta = math.sqrt(self.min_pixels / (height * width))
             h = math.ceil(height * beta / f) * f
             w = math.ceil(width * beta / f) * f
+        # A very thin image keeps its short side at one cell: shrink the long
+        # side so the pixel bound still holds, whatever the aspect ratio.
+        if h * w > self.max_pixels:
+            if w >= h:
+                w = max(f, self.max_pixels // h // f * f)
+            else:
+                h = max(f, self.max_pixels // w // f * f)
         return w, h
 
     def tokens(self, width: int, height: int) -> int:
