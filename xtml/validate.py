@@ -103,7 +103,7 @@ def validate(template: str | Path, *, tokenizer: str | Path | None = None, examp
         return report
     report.dialect = dialect
     report.checks.append("grammar")
-    report.findings += _grammar(where)
+    report.findings += _grammar(dialect, where)
     vocab = None
     if tokenizer is not None:
         report.checks.append("tokenizer")
@@ -120,19 +120,20 @@ def _finding(check: str, p: Problem, file: str) -> Finding:
     return Finding(check, p.message, file, p.line, p.column, p.key, p.hint)
 
 
-def _grammar(file: str) -> list[Finding]:
-    """The combined grammar must build as a strict LALR parser: a conflict
-    would make parsing depend on rule order."""
+def _grammar(d: Dialect, file: str) -> list[Finding]:
+    """The template's grammar (the core plus its plugins' fragments) must
+    build as strict LALR parsers: a conflict would make parsing depend on
+    rule order."""
+    from lark import Lark
     from lark.exceptions import GrammarError
 
-    from .markup.grammar import document_parser, header_parser
-
-    try:
-        document_parser(strict=True)
-        header_parser(strict=True)
-    except GrammarError as e:
-        return [Finding("grammar", f"the grammar does not build strictly: {e}", file,
-                        hint="a plugin's grammar fragment conflicts with the core or another plugin")]
+    for start, lexer in (("document", "basic"), ("header", "contextual")):
+        try:
+            Lark(d.grammar, start=start, parser="lalr", lexer=lexer, strict=True)
+        except GrammarError as e:
+            return [Finding("grammar", f"the grammar does not build strictly ({start}): {str(e).splitlines()[0]}",
+                            file, key="plugins", hint="a plugin's grammar fragment conflicts with the core or "
+                                                       "another plugin")]
     return []
 
 
