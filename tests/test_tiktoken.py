@@ -407,3 +407,16 @@ def test_qwen_folder_with_its_special_tokens(tmp_path: Path) -> None:
     ids = K3.encode(req, vocab)
     assert tok.im_start_id not in ids
     assert K3.parse(ids, vocab) == K3.normalize(req)
+
+
+def test_validate_checks_markers_against_a_tiktoken_folder(folder: Path, tmp_path: Path) -> None:
+    from xtml.validate import validate
+
+    report = validate("kimi-k3", tokenizer=folder, examples=20)
+    assert report.valid, [f.line_text() for f in report.findings]
+    assert report.checks[-2:] == ["tokenizer", "self-test"]
+    # The same vocabulary without the markers: each is reported at its key.
+    bare = make_folder(tmp_path / "bare", None)
+    report = validate("kimi-k3", tokenizer=bare, examples=0)
+    keys = {f.key for f in report.findings}
+    assert {"markers.open", "markers.close", "markers.sep", "markers.end"} <= keys
