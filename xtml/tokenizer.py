@@ -481,7 +481,7 @@ def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
 class IdSink:
     """Markup events → ids, with the binding's caches (see :meth:`Binding.sink`)."""
 
-    __slots__ = ("_b", "_chunks", "_end", "_slots", "_tags", "_texts")
+    __slots__ = ("_b", "_chunks", "_end", "_open", "_close", "_slots", "_tags", "_texts")
 
     def __init__(self, binding: Binding) -> None:
         self._b = binding
@@ -490,13 +490,20 @@ class IdSink:
         self._slots: list[int] = []
         self._tags: list[str] = []
         self._end = [binding.marker_ids[binding.markers.end]]
+        # Bound lookups of the binding's caches: render emits thousands of
+        # events per request, and these are the hot ones.
+        self._open = binding._open.get
+        self._close = binding._close.get
 
     def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
-        self._chunks.append(self._b._open_ids(tag, attrs))
+        ids = self._open((tag, attrs))
+        self._chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
         self._tags.append(tag)
 
     def close(self) -> None:
-        self._chunks.append(self._b._close_ids(self._tags.pop()))
+        tag = self._tags.pop()
+        ids = self._close(tag)
+        self._chunks.append(ids if ids is not None else self._b._close_ids(tag))
 
     def text(self, text: str, stable: bool = False) -> None:
         if not text:
@@ -505,13 +512,22 @@ class IdSink:
             self._chunks.append(self._b._stable_ids(text))
         else:
             self._slots.append(len(self._chunks))
-            self._chunks.append([])
+            self._chunks.append(_NO_IDS)
             self._texts.append(text)
 
     def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
-        self._chunks.append(self._b._open_ids(tag, attrs))
-        self.text(text, stable)
-        self._chunks.append(self._b._close_ids(tag))
+        chunks = self._chunks
+        ids = self._open((tag, attrs))
+        chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
+        if text:
+            if stable:
+                chunks.append(self._b._stable_ids(text))
+            else:
+                self._slots.append(len(chunks))
+                chunks.append(_NO_IDS)
+                self._texts.append(text)
+        ids = self._close(tag)
+        chunks.append(ids if ids is not None else self._b._close_ids(tag))
 
     def embed(self, raw: str) -> None:
         if raw:
@@ -527,3 +543,7 @@ class IdSink:
             for slot, ids in zip(self._slots, self._b.vocab.encode_texts(self._texts)):
                 chunks[slot] = ids
         return list(chain.from_iterable(chunks))
+
+
+# A slot's placeholder until its text is encoded; never mutated.
+_NO_IDS: list[int] = []
