@@ -24,6 +24,16 @@ EPILOG_RENDER = """examples:
   echo '[{"role": "user", "content": "hi"}]' | xtml render - --thinking false
 """
 
+EPILOG_MAIN = """examples:
+  xtml render examples/chat.json
+  xtml inspect examples/chat.json --tokenizer path/to/model
+  xtml parse ids.json --tokenizer path/to/model --completion --lenient
+  xtml new-template my-model && xtml validate my-model.toml --tokenizer path/to/model
+
+Each command has its own --help with examples. Exit status: 0 success, 1 invalid input (one line on
+stderr), 2 usage error.
+"""
+
 EPILOG_FUZZ = """examples:
   xtml fuzz
   xtml fuzz --template my-model.toml --tokenizer path/to/model --examples 1000 --seed 7
@@ -128,7 +138,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="xtml", description="Render chat requests to XTML and parse them back.")
+    ap = argparse.ArgumentParser(prog="xtml", description="Render chat requests to XTML and parse them back.",
+                                 epilog=EPILOG_MAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"xtml {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
