@@ -16,6 +16,7 @@ the run, and the counts at the end always include it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -165,6 +166,11 @@ def _init(job: Job, quiet_threads: bool) -> None:
         _vocabs[key] = vocab
     tpl.bind(vocab)  # a tokenizer that does not fit fails here, once
     _state = (job, tpl, vocab)
+    # What was just loaded lives as long as the process: keep the collector
+    # from walking it again on every collection of the render loop (after a
+    # collection, so no garbage is kept for good).
+    gc.collect()
+    gc.freeze()
 
 
 def _request(raw: bytes) -> Any:
@@ -316,7 +322,9 @@ class ParquetSink:
         fields += [("length", pa.int32()), ("trained", pa.int32())]
         self.schema = pa.schema(fields)
         try:
-            self.writer = pq.ParquetWriter(path, self.schema)
+            # Token ids barely repeat within a page: dictionary encoding would
+            # be tried, cost time, and be given up.
+            self.writer = pq.ParquetWriter(path, self.schema, use_dictionary=False)
         except OSError as e:
             raise DatasetError(f"cannot write {path}: {e}") from None
 
