@@ -218,9 +218,9 @@ def test_tokenizer_that_cannot_be_loaded(tmp_path: Path) -> None:
     assert code == 1 and str(bad) in out
 
 
-def test_self_test_catches_bodies_parse_cannot_tell_apart(tmp_path: Path) -> None:
-    # Both tool-choice messages now read the same: "none" renders, parse
-    # finds "required" first. Only rendering and parsing back shows it.
+def test_bodies_parse_cannot_tell_apart_are_found(tmp_path: Path) -> None:
+    # Both tool-choice messages now read the same: "none" would parse back
+    # as "required".
     text = K3_TEXT.replace("The system is invoked with `tool_choice=none`.\\nYou MUST NOT call any tools in the "
                            "next message.",
                            "The system is invoked with `tool_choice=required`.\\nYou MUST call tools in the next "
@@ -228,9 +228,56 @@ def test_self_test_catches_bodies_parse_cannot_tell_apart(tmp_path: Path) -> Non
     assert text != K3_TEXT
     path = tmp_path / "same.toml"
     path.write_text(text, encoding="utf-8")
-    report = validate(path, examples=300, seed=1)
+    report = validate(path)
+    assert {f.key for f in report.findings} == {"system.tool-choice-required.body", "system.tool-choice-none.body"}
+    assert all(f.line is not None and "could not tell them apart" in f.message for f in report.findings)
+
+
+class _Lossy:
+    """A plugin whose parse loses data: only the self-test can tell."""
+
+    name = "lossy-test"
+
+    def configure(self, settings: Mapping[str, Any], where: str) -> Any:
+        from xtml.plugins import ContentExtension
+
+        class Ext(ContentExtension):
+            name = "lossy-test"
+            part_types = ("note",)
+            elements = ("note",)
+
+            def prepare(self, part: Mapping[str, Any]) -> str:
+                return str(part.get("text", ""))
+
+            def render(self, value: str, out: Any, ctx: Any) -> None:
+                out.element("note", (), value)
+
+            def normal(self, value: str, ctx: Any) -> dict[str, Any]:
+                return {"type": "note", "text": value}
+
+            def read_element(self, el: Any, ctx: Any) -> dict[str, Any]:
+                text = "".join(getattr(c, "text", "") for c in el.children)
+                return {"type": "note", "text": text[:3]}
+
+            def strategy(self) -> Any:
+                from hypothesis import strategies as st
+
+                return st.builds(lambda t: {"type": "note", "text": t}, st.text(max_size=8))
+
+        return Ext()
+
+
+def test_self_test_catches_what_no_static_check_can(tmp_path: Path) -> None:
+    if "lossy-test" not in xtml.plugins.installed():
+        xtml.plugins.use(_Lossy())
+    path = tmp_path / "lossy.toml"
+    path.write_text(K3_TEXT + "\n[plugins.lossy-test]\n", encoding="utf-8")
+    # No tokenizer given: the self-test runs on ids of a byte-level vocabulary.
+    report = validate(path, examples=200, seed=2)
     assert [f.check for f in report.findings] == ["self-test"]
-    assert "tool_choice" in report.findings[0].message
+    f = report.findings[0]
+    assert "token ids of a byte-level vocabulary" in f.message and "note" in f.message
+    assert f.hint == f"reproduce with xtml validate {path} --examples 200 --seed 2"
 
 
 def test_unknown_template_name_exits_1() -> None:

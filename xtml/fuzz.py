@@ -11,7 +11,9 @@
 * markup: well-formed markup from the grammar parses, the parser agrees
   with the reference grammar, and it never crashes a chat parse either.
 
-Without a tokenizer only the text-level properties run. Progress, the
+Without a tokenizer, the id-level properties run on a byte-level vocabulary
+holding the template's markers (:func:`xtml.tokenizer.byte_vocabulary`):
+everything but a model vocabulary's own merges is checked. Progress, the
 summary and errors go to ``err``; on the first failure the minimal failing
 input (a request, token ids or a string) is written to ``out`` as one line of
 JSON, so that ``xtml fuzz ... > case.json`` gives a file ``xtml render`` or
@@ -126,17 +128,18 @@ def run(
         return 2
     try:
         tpl = template if isinstance(template, Template) else load(template)
-        vocab = tpl.bind(tokenizer).vocab if tokenizer is not None else None
+        if tokenizer is None:
+            from .tokenizer import byte_vocabulary
+
+            tokenizer = byte_vocabulary(tpl.markers.all())
+        vocab = tpl.bind(tokenizer).vocab
     except XtmlError as e:
         _write(err, f"xtml fuzz: {e}\n")
         return 1
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    where = f", tokenizer {vocab.source}" if vocab is not None else ""
-    _write(err, f"xtml fuzz: template {tpl.name}{where}; {examples} examples per property, seed {seed}\n")
-    if vocab is None:
-        _write(err, "no tokenizer: checking the text form only (round trip, never crash, markup); "
-                    "give a tokenizer to check ids, injection and streaming\n")
+    _write(err, f"xtml fuzz: template {tpl.name}, tokenizer {vocab.source}; {examples} examples per property, "
+                f"seed {seed}\n")
     props = _properties(tpl, vocab)
     width = max(len(p.name) for p in props)
     total = 0

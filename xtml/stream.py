@@ -105,6 +105,7 @@ class StreamParser:
             self._stream = DecodeStream(skip_special_tokens=False)
         n = self.names
         self._channels = {n["think"], n["response"], n["tools"]}
+        self._owned = frozenset(d.element_owner)
         opened = d.prompt_tag(self.thinking)
         self._stack: list[str] = [n["message"], *([opened] if opened else [])]
         self._header: list[int] | None = None
@@ -223,6 +224,10 @@ class StreamParser:
             out.append(StreamEvent("argument_delta", at, text=s, index=self._call_index(), key=self._arg[0]))
             return
         top = self._stack[-1] if self._stack else None
+        if top in self._owned:
+            # Text of a plugin's element (a citation, say) is text of the
+            # channel it stands in; the final message has it as a part.
+            top = next((t for t in reversed(self._stack) if t not in self._owned), None)
         if top in self._channels and top != self.names["tools"]:
             out.append(StreamEvent("text", at, channel=top, text=s))
         elif not s.isspace():

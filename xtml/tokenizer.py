@@ -174,6 +174,20 @@ def _byte_to_char() -> dict[int, str]:
     return out
 
 
+def byte_vocabulary(special_tokens: Iterable[str] = ()) -> Vocabulary:
+    """A byte-level vocabulary with no merges (one id per byte) and
+    ``special_tokens``: built in memory, for checking a template's round trip
+    on token ids when no model tokenizer is at hand."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = _byte_to_char()
+    tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(special_tokens)])
+    return Vocabulary(tok, "<byte-level vocabulary>")
+
+
 def load_tokenizer(
     path: str | os.PathLike[str],
     *,
@@ -481,7 +495,7 @@ def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
 class IdSink:
     """Markup events → ids, with the binding's caches (see :meth:`Binding.sink`)."""
 
-    __slots__ = ("_b", "_chunks", "_end", "_open", "_close", "_slots", "_tags", "_texts")
+    __slots__ = ("_b", "_chunks", "_close", "_end", "_open", "_slots", "_tags", "_texts")
 
     def __init__(self, binding: Binding) -> None:
         self._b = binding

@@ -111,7 +111,7 @@ def validate(template: str | Path, *, tokenizer: str | Path | None = None, examp
         report.findings += found
     if examples > 0 and not report.findings:
         report.checks.append("self-test")
-        found, report.self_test_examples = _self_test(dialect, vocab, examples, seed, where)
+        found, report.self_test_examples = _self_test(dialect, vocab, examples, seed, where, tokenizer)
         report.findings += found
     return report
 
@@ -212,11 +212,18 @@ def _whole_encoder(vocab: Any) -> Any:
     return encode
 
 
-def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str) -> tuple[list[Finding], int]:
+def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str,
+               tokenizer: str | Path | None) -> tuple[list[Finding], int]:
     from . import testing
     from .template import Template
+    from .tokenizer import byte_vocabulary
 
     t = Template(d)
+    # Token ids carry no text-level ambiguity, so the self-test always runs
+    # on ids: the model's vocabulary if given, else one id per byte.
+    via = f"token ids of {vocab.source}" if vocab is not None else "token ids of a byte-level vocabulary"
+    if vocab is None:
+        vocab = byte_vocabulary(d.markers.all())
     outcome = testing.find_failure(testing.requests(t), lambda r: testing.check_round_trip(t, r, vocab),
                                    examples=examples, seed=seed)
     if outcome.failure is None:
@@ -225,7 +232,9 @@ def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str) -> t
     shown = json.dumps(f.example, ensure_ascii=False, default=repr)
     if len(shown) > 400:
         shown = shown[:400] + "…"
-    via = "token ids" if vocab is not None else "text"
+    again = f"xtml validate {file} --examples {examples} --seed {seed}"
+    if tokenizer is not None:
+        again += f" --tokenizer {tokenizer}"
     return [Finding("self-test", f"a generated request does not round-trip through {via}: "
                     f"{type(f.error).__name__}: {f.error}; request: {shown}", file,
-                    hint=f"reproduce with xtml validate --seed {seed}")], outcome.examples
+                    hint=f"reproduce with {again}")], outcome.examples

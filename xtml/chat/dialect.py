@@ -352,6 +352,17 @@ def _names(c: _Check, data: dict[str, Any]) -> dict[str, str]:
         seen.setdefault(names[k], k)
     if len(names) != len(NAME_KEYS):
         raise _Stop
+    # Attributes that stand together on one element need distinct names, or
+    # parse would read one as the other given twice.
+    together = {"message": ("role", "name", "type", "tool", "index"), "call": ("tool", "index"),
+                "argument": ("key", "type")}
+    for element, keys in together.items():
+        used: dict[str, str] = {}
+        for k in keys:
+            if names[k] in used:
+                c.add(f"attribute name {names[k]!r} is used for both {used[names[k]]} and {k}, which stand "
+                      f"together on a {element} element", f"names.{k}", "give each attribute its own name")
+            used.setdefault(names[k], k)
     return names
 
 
@@ -398,7 +409,8 @@ def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
         try:
             ext = get_plugin(name, "channels.order").configure({}, "channels.order")
         except TemplateError as e:
-            c.add(e.msg, "channels.order")
+            close = difflib.get_close_matches(name, _CHANNELS, n=1)
+            c.add(e.msg, "channels.order", f"did you mean {close[0]!r}?" if close else "")
             continue
         if not isinstance(ext, ChannelExtension):
             c.add(f"plugin {name!r} is not a channel", "channels.order")
@@ -412,6 +424,14 @@ def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
         if v and v not in _CHANNELS:
             c.add(f"{mode} must be one of {', '.join(_CHANNELS)}, or \"\" to open none", f"generation.{mode}")
         picked.append(v)
+    if sorted(order) == sorted(_CHANNELS):
+        for mode, p in (("plain", picked[0]), ("thinking", picked[1])):
+            # What the prompt opens is where the model starts writing: a
+            # channel before it in the order could never follow.
+            if p and order.index("response") < order.index(p):
+                c.add(f"the {mode} generation prompt opens {p!r}, which the order puts after 'response': "
+                      "a completion could never hold a response", f"generation.{mode}",
+                      "put the opened channel before response in [channels] order")
     return order, (picked[0], picked[1]), tuple(exts)
 
 
@@ -437,7 +457,7 @@ def _plugins(c: _Check, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str]) -> tuple[
+def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str], marker_strings: frozenset[str]) -> tuple[
         dict[str, ContentExtension], dict[str, ContentExtension], str]:
     """Who owns each part type and element; the combined grammar. Two
     plugins claiming one name, or fragments that conflict, fail here."""
@@ -476,6 +496,10 @@ def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str]) -> tuple
                 c.add(f"element {e!r} is claimed by plugins {elements[e][0]!r} and {pname!r}", f"plugins.{pname}")
             else:
                 elements[e] = (pname, ext)
+        for mk in ext.markers:
+            if mk not in marker_strings:
+                c.add(f"plugin {pname!r} writes {mk!r} as a marker, but it is not one of the template's markers",
+                      f"plugins.{pname}", "add it to [markers] (embed_inner or embed_mark)")
         if ext.grammar:
             fragments.append((pname, ext.grammar))
     grammar = ""
@@ -496,6 +520,16 @@ def _system(c: _Check, data: dict[str, Any]) -> dict[str, SystemMessage]:
             system[key] = sm
     if len(system) != len(SYSTEM_KEYS):
         raise _Stop
+    # Parse finds an internal message by its type and body: a body another
+    # entry of the same type also matches would be read as that one.
+    for key, sm in system.items():
+        sample = sm.body.render(**dict.fromkeys(sm.body.names, "x"))
+        for other, om in system.items():
+            if other != key and om.type == sm.type and om.body.match(sample) is not None:
+                c.add(f"the body of system.{key} also reads as system.{other} (both of type {sm.type!r}), so "
+                      f"parse could not tell them apart", f"system.{key}.body",
+                      "make the two bodies differ, or give them different types")
+                break
     return system
 
 
@@ -526,7 +560,7 @@ def _training(c: _Check, data: dict[str, Any], efforts: tuple[str, ...], names: 
     c.keys(tr, ("roles", "channels", "exclude", "end", "budgets"), where)
     budgets = c.value(tr, "budgets", dict, where, default={})
     for k, v in budgets.items():
-        if k not in efforts:
+        if efforts and k not in efforts:
             c.add(f"budget for unknown effort {k!r}", f"{where}.budgets.{k}", f"efforts are {', '.join(efforts)}")
         if type(v) is not int or v <= 0:
             c.add(f"budget {k!r} must be a positive integer", f"{where}.budgets.{k}")
@@ -561,7 +595,7 @@ def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
     training = c.section(_training, data, thinking[1] if thinking else (), names)
     if c.problems or None in (name, markers, roles, thinking, channels, jf_type, system, training):
         return None
-    part_owner, element_owner, grammar = _content(c, plugins, names)
+    part_owner, element_owner, grammar = _content(c, plugins, names, frozenset(markers.all()))
     if c.problems:
         return None
     images: ImageExtension | None = plugins.get("image")

@@ -134,6 +134,9 @@ class ContentExtension:
     plugin renders one and before :meth:`read_element` sees one."""
     embeds: bool = False
     """Whether it reads embeds back (see :meth:`read_embed`)."""
+    markers: tuple[str, ...] = ()
+    """Strings it writes as markers (a pad, a placeholder): each must be one
+    of the template's markers, so a tokenizer gives it one special id."""
     grammar: str | None = None
     """A Lark fragment added to the reference grammar (``%extend`` a rule or
     terminal of ``grammar/xtml.lark``); the combined grammar must build as a
@@ -212,7 +215,10 @@ def _discover() -> dict[str, Plugin]:
             if other is not None and other is not obj:
                 _broken[ep.name] = f"two installed plugins are named {ep.name!r} ({_origin(other)}, {ep.value})"
                 continue
-            found[ep.name] = obj
+            if ep.name not in _broken:
+                found[ep.name] = obj
+        for name in _broken:
+            found.pop(name, None)
         _found = found
     return _found
 

@@ -38,6 +38,7 @@ class AudioExtension(ContentExtension):
         self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9)
         self.max_seconds = s.num("max_seconds", 3600, minimum=1e-9)
         self.format = PromptFormat(s.text("prompt"), s.text("pad"), {"seconds": r"[0-9]+(?:\.[0-9]+)?"}, where)
+        self.markers = (self.format.pad,)
 
     def seconds(self, duration: float) -> str:
         return f"{duration:.{self.decimals}f}"

@@ -61,10 +61,12 @@ class ImageExtension(ContentExtension):
             raise TemplateError(f"prompt is not a valid regular expression: {e}", location=f"{where}.prompt") from None
         self.sized: PromptFormat | None = None
         self.grid: Grid | None = None
+        self.markers = (self.placeholder,)
         if s.has("size_prompt"):
             self.sized = PromptFormat(s.text("size_prompt"), s.text("pad"), {"width": "[0-9]+", "height": "[0-9]+"},
                                       where)
             self.grid = Grid.from_settings(s)
+            self.markers = (self.placeholder, self.sized.pad)
 
     # -- render --------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class VideoExtension(ContentExtension):
         self.max_frames = s.num("max_frames", 64, integer=True, minimum=1)
         self.format = PromptFormat(s.text("prompt"), s.text("pad"),
                                    {"frames": "[0-9]+", "width": "[0-9]+", "height": "[0-9]+"}, where)
+        self.markers = (self.format.pad,)
 
     def frames_for(self, duration: float) -> int:
         return int(max(1, min(self.max_frames, round(duration * self.sample_fps))))
