@@ -16,6 +16,9 @@ from xtml.training import MapFunction
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
+# Ray warns about its own deprecated settings when it starts.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
 K3 = xtml.load("kimi-k3")
 
 ROWS: list[dict[str, Any]] = [
