@@ -82,7 +82,6 @@ def test_parse_text_completion_lenient() -> None:
         (["render", "-"], "{", "invalid JSON"),
         (["render", "-"], '[{"role": "critic", "content": "x"}]', "role 'critic'"),
         (["render", "/no/such/file.json"], "", "cannot read"),
-        (["render", "-", "--format", "ids"], "[]", "needs --tokenizer"),
         (["render", "-", "--template", "nope"], "[]", "no template named"),
         (["render", "-", "--tokenizer", "/no/such/tok", "--format", "ids"], "[]", "no tokenizer.json"),
         (["parse", "-", "--from", "text"], "<|open|>message<|sep|>", "(at line 1"),
@@ -94,6 +93,13 @@ def test_invalid_input_exits_1_with_one_line(argv: list[str], stdin: str, needle
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("xtml: error: ") and needle in err
     assert "Traceback" not in err
+
+
+def test_a_command_that_needs_a_tokenizer_is_a_usage_error() -> None:
+    code, out, err = run(["render", "-", "--format", "ids"], "[]")
+    assert code == 2 and out == ""
+    assert err == ("xtml: usage error: this needs --tokenizer PATH (a tokenizer.json, a tiktoken file, or a model "
+                   "folder)\n")
 
 
 @pytest.mark.parametrize("argv", [[], ["render", "--format", "bogus"], ["frobnicate"], ["parse", "--from", "x"]])

@@ -29,6 +29,15 @@ from xtml.validate import validate
 
 BASE = xtml.load("xtml-base")
 K3_TEXT = builtin_files()["kimi-k3"].read_text(encoding="utf-8")
+BASE_TEXT = builtin_files()["xtml-base"].read_text(encoding="utf-8")
+
+
+def files_allowed(tmp: Path) -> xtml.Template:
+    """xtml-base with reading local media files switched on."""
+    path = tmp / "files.toml"
+    path.write_text(BASE_TEXT.replace("[plugins.image]\n", "[plugins.image]\nread_files = true\n")
+                    .replace("[plugins.audio]\n", "[plugins.audio]\nread_files = true\n"), encoding="utf-8")
+    return xtml.load(path)
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +108,17 @@ def test_image_sizes_from_part_data_url_and_file(base_vocab: xtml.Vocabulary, tm
                {"type": "input_image", "image_url": f"file://{f}"},
                {"type": "image", "image": str(f)},
                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}})
-    got = roundtrip(BASE, req, base_vocab)["messages"][0]["content"][1:]
+    got = roundtrip(files_allowed(tmp_path), req, base_vocab)["messages"][0]["content"][1:]
     assert got == [{"type": "image", "width": 640, "height": 480}, {"type": "image", "width": 100, "height": 50},
                    {"type": "image", "width": 300, "height": 200}, {"type": "image", "width": 300, "height": 200},
                    {"type": "image"}]  # a remote URL: size unknown, the placeholder
+    # By default a request cannot make the renderer read local files.
+    got = BASE.normalize(req)["messages"][0]["content"][1:]
+    assert got[2:] == [{"type": "image"}] * 3
     text = BASE.render(req).text
     pad = "<|x_pad|>"
     assert f"<|x_media|>image 640x480{pad * 391}<|x_media_end|>" in text
-    assert text.count("<|x_image|>") == 1
+    assert text.count("<|x_image|>") == 3
 
 
 def test_k3_keeps_the_placeholder_whatever_the_size(k3: xtml.Template) -> None:
@@ -129,13 +141,12 @@ def test_image_prompts_that_the_template_computes_read_back_as_sizes(base_vocab:
     ({"type": "image", "width": 10}, "both width and height"),
     ({"type": "image", "width": 0, "height": 5}, "positive integer"),
     ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, "base64"),
-    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "not a readable image"),
-    ({"type": "image", "image": "/no/such/file.png"}, "not found"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "not an image format Pillow reads"),
     ({"type": "audio"}, "needs its duration"),
     ({"type": "audio", "duration": -1}, "positive number"),
     ({"type": "audio", "duration": 10_000}, "max_seconds"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}, "cannot be read"),
-    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "not readable WAV"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "not readable WAV audio: the data"),
     ({"type": "video", "frames": 3}, "width and height"),
     ({"type": "video", "width": 64, "height": 64}, r"frames \(sampled\) or duration"),
     ({"type": "video", "width": 64, "height": 64, "frames": 99}, "max_frames"),
@@ -155,10 +166,12 @@ def test_audio_round_trips_with_its_pad_count(base_vocab: xtml.Vocabulary, tmp_p
     req = user({"type": "audio", "duration": 1.234},
                {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav(0.5)).decode(), "format": "wav"}},
                {"type": "audio", "audio": str(f)})
-    got = roundtrip(BASE, req, base_vocab)["messages"][0]["content"][1:]
+    got = roundtrip(files_allowed(tmp_path), req, base_vocab)["messages"][0]["content"][1:]
     assert got == [{"type": "audio", "duration": 1.23}, {"type": "audio", "duration": 0.5},
                    {"type": "audio", "duration": 2.0}]
-    text = BASE.render(req).text
+    with pytest.raises(xtml.MessageError, match="needs its duration"):
+        BASE.render(req)  # the file may not be read: its length is unknown
+    text = files_allowed(tmp_path).render(req).text
     assert "<|x_media|>audio 1.23s" + "<|x_pad|>" * math.ceil(1.23 * 12.5) + "<|x_media_end|>" in text
 
 
@@ -370,3 +383,22 @@ def test_declared_attributes_are_checked_both_ways(tmp_path: Path) -> None:
            "<|close|>message<|sep|><|end_of_msg|>")
     with pytest.raises(xtml.ParseError, match="attribute 'lat' of 'pin' must be a number"):
         t.parse(bad)
+
+
+def test_local_files_when_allowed(tmp_path: Path) -> None:
+    t = files_allowed(tmp_path)
+    with pytest.raises(xtml.MessageError, match="image file not found"):
+        t.render(user({"type": "image", "image": str(tmp_path / "none.png")}))
+    (tmp_path / "x.txt").write_text("not an image")
+    with pytest.raises(xtml.MessageError, match=r"x\.txt is not an image format"):
+        t.render(user({"type": "image", "image": str(tmp_path / "x.txt")}))
+
+
+def test_plugin_attribute_values_must_be_strings(tmp_path: Path) -> None:
+    class Typed(_Pinned):
+        def render(self, value: Any, out: MarkupSink, ctx: Context) -> None:
+            out.element("pin", (("lat", 1.5),), "")  # type: ignore[arg-type]
+
+    t = xtml.load(_with(tmp_path, _Fake("typed-pin", Typed())))
+    with pytest.raises(xtml.TemplateError, match="attribute names and values are strings"):
+        t.render([{"role": "user", "content": [{"type": "pin"}]}])

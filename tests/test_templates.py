@@ -72,6 +72,8 @@ def test_templates_lists_builtins_with_files() -> None:
         assert name in out
         assert path.is_file() and str(path) in out
     assert set(BUILTIN) >= {"kimi-k3", "xtml-base"}
+    assert out.splitlines()[-1].startswith("installed plugins: audio, ")
+    assert {"image", "think", "response", "tools", "video"} <= set(out.splitlines()[-1][19:].split(", "))
 
 
 # -- the documented format ---------------------------------------------------------
@@ -209,6 +211,12 @@ def test_marker_that_does_not_split_cleanly_from_text(tmp_path: Path) -> None:
     report = validate("kimi-k3", tokenizer=tok, examples=0)
     assert not report.valid
     assert any("does not split cleanly" in f.message and f.key == "markers.open" for f in report.findings)
+
+
+def test_validate_can_add_the_markers_first() -> None:
+    code, out, _ = run(["validate", "kimi-k3", "--tokenizer", deepseek_path(), "--add-markers", "-n", "20"])
+    assert code == 0, out
+    assert "tokenizer, self-test" in out
 
 
 def test_tokenizer_that_cannot_be_loaded(tmp_path: Path) -> None:

@@ -103,9 +103,13 @@ def _bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {s!r}")
 
 
+class _UsageError(Exception):
+    """A command line that cannot work as given (exit status 2)."""
+
+
 def _tokenizer(args: argparse.Namespace, tpl: Template) -> Vocabulary:
     if not args.tokenizer:
-        raise _UserError("this needs --tokenizer PATH (a tokenizer.json or a folder with one)")
+        raise _UsageError("this needs --tokenizer PATH (a tokenizer.json, a tiktoken file, or a model folder)")
     extra = tpl.markers.all() if args.add_markers else ()
     return load_tokenizer(args.tokenizer, add_special_tokens=extra)
 
@@ -187,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("template", metavar="TEMPLATE", help="template file, or a built-in template name")
     v.add_argument("--tokenizer", metavar="PATH",
                    help="also check that every marker is one special id of this tokenizer (" + TOKENIZER_HELP + ")")
+    v.add_argument("--add-markers", action="store_true",
+                   help="add the template's markers to the tokenizer as special tokens first (a base model's "
+                        "tokenizer): checks the rest and runs the self-test on its ids")
     v.add_argument("-f", "--format", choices=("text", "json"), default="text", help="output format (default: text)")
     v.add_argument("-n", "--examples", type=_count, default=50, metavar="N",
                    help="requests the self-test renders and parses back (default: 50; 0 skips it)")
@@ -290,7 +297,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> None:
 def _validate(args: argparse.Namespace, out: TextIO) -> int:
     from .validate import validate
 
-    report = validate(args.template, tokenizer=args.tokenizer, examples=args.examples, seed=args.seed)
+    report = validate(args.template, tokenizer=args.tokenizer, examples=args.examples, seed=args.seed,
+                      add_markers=args.add_markers)
     if args.format == "json":
         out.write(report.dumps() + "\n")
     else:
@@ -315,6 +323,9 @@ def _templates(args: argparse.Namespace, out: TextIO) -> None:
     for r in rows:
         also = f" (also: {', '.join(r['aliases'])})" if r["aliases"] else ""
         out.write(f"{r['name']}{also}\n  {r['description']}\n  {r['path']}\n")
+    from .plugins import installed
+
+    out.write(f"installed plugins: {', '.join(sorted(installed()))}\n")
 
 
 def _new_template(args: argparse.Namespace, out: TextIO) -> None:
@@ -394,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (XtmlError, _UserError) as e:
         print(f"xtml: error: {e}", file=sys.stderr)
         return 1
+    except _UsageError as e:
+        print(f"xtml: usage error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

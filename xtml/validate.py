@@ -81,11 +81,12 @@ class Report:
 
 
 def validate(template: str | Path, *, tokenizer: str | Path | None = None, examples: int = 50,
-             seed: int = 0) -> Report:
+             seed: int = 0, add_markers: bool = False) -> Report:
     """Check a template (a built-in name or a file) and return every finding.
 
     ``tokenizer``: also check the markers against this vocabulary and run the
-    self-test on token ids. ``examples``: requests the self-test renders and
+    self-test on its token ids (``add_markers``: after adding the template's
+    markers to it as special tokens, as for a base model). ``examples``: requests the self-test renders and
     parses back (0 skips it); ``seed`` makes it reproducible."""
     try:
         text, where = read_template(template)
@@ -107,7 +108,7 @@ def validate(template: str | Path, *, tokenizer: str | Path | None = None, examp
     vocab = None
     if tokenizer is not None:
         report.checks.append("tokenizer")
-        vocab, found = _tokenizer(dialect, tokenizer, text, where)
+        vocab, found = _tokenizer(dialect, tokenizer, text, where, add_markers)
         report.findings += found
     if examples > 0 and not report.findings:
         report.checks.append("self-test")
@@ -137,11 +138,11 @@ def _grammar(d: Dialect, file: str) -> list[Finding]:
     return []
 
 
-def _tokenizer(d: Dialect, path: str | Path, text: str, file: str) -> tuple[Any, list[Finding]]:
+def _tokenizer(d: Dialect, path: str | Path, text: str, file: str, add_markers: bool) -> tuple[Any, list[Finding]]:
     from .tokenizer import load_tokenizer
 
     try:
-        vocab = load_tokenizer(path)
+        vocab = load_tokenizer(path, add_special_tokens=d.markers.all() if add_markers else ())
     except XtmlError as e:
         return None, [Finding("tokenizer", e.msg, str(path))]
     m = d.markers

@@ -37,6 +37,10 @@ class _Guard:
         self.depth = 0
 
     def _check(self, tag: str, attrs: Attrs) -> None:
+        for k, v in attrs:
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TemplateError(f"plugin {self.ext.name!r} gave {tag!r} the attribute {k!r}={v!r}: attribute "
+                                    "names and values are strings (format numbers with str())")
         why = check_attributes(self.ext, tag, attrs)
         if why is not None:
             raise TemplateError(f"plugin {self.ext.name!r} rendered an element its declaration refuses: {why}")

@@ -79,20 +79,21 @@ def parse_header_lark(text: str) -> Header:
 
 class _DocTree(Transformer[Token, Any]):
     @v_args(inline=True)
-    def open_tag(self, _o: Token, text: Token, _s: Token) -> tuple[str, Header, int]:
-        return ("open", parse_header_lark(str(text)), text.start_pos or 0)
+    def open_tag(self, o: Token, text: Token, _s: Token) -> tuple[str, Header, int]:
+        # An element is located at its open marker.
+        return ("open", parse_header_lark(str(text)), o.start_pos or 0)
 
     @v_args(inline=True)
     def close_tag(self, _c: Token, text: Token, _s: Token) -> tuple[str, Header, int]:
         return ("close", parse_header_lark(str(text)), text.start_pos or 0)
 
     def element(self, items: list[Any]) -> Element:
-        (_, (tag, attrs), _), *body, (_, (ctag, cattrs), off) = items
+        (_, (tag, attrs), at), *body, (_, (ctag, cattrs), off) = items
         if len(attrs) > MAX_ATTRIBUTES:
             raise ParseError(f"a tag with {len(attrs)} attributes (at most {MAX_ATTRIBUTES})", offset=off)
         if ctag != tag or cattrs:
             raise ParseError(f"close tag {ctag!r} does not match open element {tag!r}", offset=off)
-        return Element(tag, attrs, tuple(_node(x) for x in body))
+        return Element(tag, attrs, tuple(_node(x) for x in body), offset=at)
 
     def embed(self, items: list[Token]) -> Embed:
         return Embed("".join(str(t) for t in items))
@@ -101,8 +102,8 @@ class _DocTree(Transformer[Token, Any]):
         return [items[0], EndOfMessage()]
 
     def tail(self, items: list[Any]) -> Element:
-        (_, (tag, attrs), _) = items[0]
-        return Element(tag, attrs, tuple(items[1:]), closed=False)
+        (_, (tag, attrs), at) = items[0]
+        return Element(tag, attrs, tuple(items[1:]), closed=False, offset=at)
 
     def document(self, items: list[Any]) -> Document:
         nodes: list[Node] = []

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ..markup.sink import MarkupSink
 
-_KEYS = ("part_types", "prompt", "pad", "frame_rate", "decimals", "max_seconds")
+_KEYS = ("part_types", "prompt", "pad", "frame_rate", "decimals", "max_seconds", "read_files")
 
 
 class AudioExtension(ContentExtension):
@@ -34,6 +34,11 @@ class AudioExtension(ContentExtension):
         types = s.types("part_types", ["audio", "input_audio"])
         self.part_types = ("audio", *(t for t in types if t != "audio"))
         self.input_types = types
+        self.read_files = settings.get("read_files", False)
+        if type(self.read_files) is not bool:
+            from ..errors import TemplateError
+
+            raise TemplateError("read_files must be true or false", location=f"{where}.read_files")
         self.decimals = s.num("decimals", 2, integer=True, minimum=0)
         self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9)
         self.max_seconds = s.num("max_seconds", 3600, minimum=1e-9)
@@ -60,7 +65,7 @@ class AudioExtension(ContentExtension):
             ref = reference(part, ("audio", "audio_url", "url"))
             if ref is not None:
                 data = data_bytes(ref)
-                path = local_path(ref) if data is None else None
+                path = local_path(ref, self.read_files) if data is None else None
                 if data is None and path is not None and path.suffix.lower() == ".wav":
                     try:
                         data = path.read_bytes()

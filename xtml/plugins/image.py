@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..markup.sink import MarkupSink
 
 _KEYS = ("placeholder", "part_types", "prompt", "size_prompt", "pad", "patch_size", "merge_size", "min_pixels",
-         "max_pixels")
+         "max_pixels", "read_files")
 _NEVER = "(?!)"
 
 
@@ -59,6 +59,9 @@ class ImageExtension(ContentExtension):
             self.prompt = re.compile(raw)
         except re.error as e:
             raise TemplateError(f"prompt is not a valid regular expression: {e}", location=f"{where}.prompt") from None
+        self.read_files = settings.get("read_files", False)
+        if type(self.read_files) is not bool:
+            raise TemplateError("read_files must be true or false", location=f"{where}.read_files")
         self.sized: PromptFormat | None = None
         self.grid: Grid | None = None
         self.markers = (self.placeholder,)
@@ -84,7 +87,7 @@ class ImageExtension(ContentExtension):
         data = data_bytes(ref)
         if data is not None:
             return ImageValue(*image_size(data))
-        path = local_path(ref)
+        path = local_path(ref, self.read_files)
         if path is not None:
             return ImageValue(*image_size(path))
         return ImageValue()  # a remote URL: its size is unknown here

@@ -157,8 +157,12 @@ def b64(text: str) -> bytes:
         raise ValueError("media data is not valid base64") from None
 
 
-def local_path(ref: str) -> Path | None:
-    """A local file named by ``ref`` (a path or a file:// URL), else None."""
+def local_path(ref: str, allowed: bool) -> Path | None:
+    """A local file named by ``ref`` (a path or a file:// URL), else None.
+    Reading files named in requests is off unless the template allows it:
+    a served model must not let a request probe the server's files."""
+    if not allowed:
+        return None
     if ref.startswith("file://"):
         return Path(unquote(urlparse(ref).path))
     if "://" in ref or ref.startswith("data:"):
@@ -178,8 +182,11 @@ def image_size(data: bytes | Path) -> tuple[int, int]:
             return int(im.width), int(im.height)
     except FileNotFoundError:
         raise ValueError(f"image file not found: {data!s}") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"not a readable image: {e}") from None
+    except UnidentifiedImageError:
+        what = "the data" if isinstance(data, bytes) else f"file {data!s}"
+        raise ValueError(f"{what} is not an image format Pillow reads") from None
+    except OSError as e:
+        raise ValueError(f"cannot read the image: {e.strerror or e}") from None
 
 
 def wav_seconds(data: bytes) -> float:
@@ -193,7 +200,7 @@ def wav_seconds(data: bytes) -> float:
                 raise ValueError("WAV audio with a zero frame rate")
             return float(w.getnframes()) / float(rate)
     except (wave.Error, EOFError) as e:
-        raise ValueError(f"not readable WAV audio: {e}") from None
+        raise ValueError(f"not readable WAV audio: {str(e) or 'the data ends before its header does'}") from None
 
 
 def positive_int(part: Mapping[str, Any], key: str) -> int | None:
