@@ -323,8 +323,10 @@ class ParquetSink:
         self.schema = pa.schema(fields)
         try:
             # Token ids barely repeat within a page: dictionary encoding would
-            # be tried, cost time, and be given up.
-            self.writer = pq.ParquetWriter(path, self.schema, use_dictionary=False)
+            # be tried, cost time, and be given up. Min/max statistics of id
+            # lists filter nothing; those of the scalar columns can.
+            self.writer = pq.ParquetWriter(path, self.schema, use_dictionary=False,
+                                           write_statistics=["line", "length", "trained"])
         except OSError as e:
             raise DatasetError(f"cannot write {path}: {e}") from None
 
@@ -399,7 +401,7 @@ def add_commands(sub: Any) -> None:
                        help="one request per line: a request object or a list of messages (- for stdin)")
         p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
                        help="built-in template name or template file (default: kimi-k3)")
-        p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP + "; required")
+        p.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
         p.add_argument("--add-markers", action="store_true",
                        help="add the template's markers to the tokenizer as special tokens")
         p.add_argument("--workers", type=_positive, default=1, metavar="N",
@@ -438,8 +440,6 @@ def add_commands(sub: Any) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run a dataset command; returns the exit status. Raises
     :class:`~xtml.errors.XtmlError` for input the command cannot use."""
-    if not args.tokenizer:
-        raise DatasetError(f"{args.command} needs --tokenizer PATH (a tokenizer.json or a folder with one)")
     _init(Job(args.template, args.tokenizer, args.add_markers), quiet_threads=False)  # fail fast, in one line
     render = args.command == "render-dataset"
     job = Job(args.template, args.tokenizer, args.add_markers, train=args.train if render else None,
