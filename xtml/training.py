@@ -5,9 +5,9 @@ channel lies in them.
 :meth:`Template.encode <xtml.template.Template.encode>` does and marks the
 ids a model is trained on. What is trained comes from the template's
 ``[training]`` section (:class:`~xtml.chat.dialect.Training`), overridable
-per call with ``train=``. The mask is computed from the element spans of the
-rendered tree (:mod:`xtml.spans`), so it lines up with the ids by
-construction.
+per call with ``train=``. The mask is computed from where each element's
+tags fall in the ids, noted while the ids are made, so it lines up with them
+by construction (:mod:`xtml.spans` gives the same offsets for any tree).
 
 :class:`MapFunction` does the same for batches of rows, for Hugging Face
 ``datasets`` (``dataset.map(fn, batched=True, num_proc=N)``) and Ray Data
@@ -21,13 +21,13 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chat.dialect import Dialect, Training
-from .chat.render import render_tree
+from .chat.render import render
 from .chat.request import OPTION_NAMES
 from .errors import OptionError, XtmlError
-from .spans import encode_spans
 
 if TYPE_CHECKING:
     from .template import Template, TokenizerLike
@@ -147,64 +147,156 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
     d = template.dialect
     rules = train if isinstance(train, Training) else d.training
     o, msgs = template._prepare(request, options)
-    enc = encode_spans(template.bind(tokenizer), render_tree(d, o, msgs))
-    tops = enc.top()
+    sink = _SpanSink(template.bind(tokenizer), frozenset(d.channels()), frozenset(rules.exclude))
+    render(d, o, msgs, sink)
+    ids, off = sink.finish()
+    tops = sink.tops
     # The tree is written in this order (xtml.chat.render): global option
     # messages, one element per message, one-shot option messages, the
     # generation prompt.
     first = int(bool(o.tools)) + int(o.thinking)
     if len(tops) < first + len(msgs):
         raise AssertionError("rendered tree does not match the request's messages")
-    owner: dict[int, tuple[int, str]] = {}
+    role_key = d.names["role"]
+    owner: dict[int, int] = {}
     for k, m in enumerate(msgs):
         role = "system" if m.tools is not None else m.role
-        el = enc.elements[tops[first + k]].element
-        if el.attr(d.names["role"]) != role:
+        if dict(tops[first + k].attrs).get(role_key) != role:
             raise AssertionError(f"rendered message {first + k} is not message {m.index}")
-        owner[tops[first + k]] = (m.index, role)
+        owner[first + k] = m.index
     chosen = _chosen(train, rules, [(m.index, "system" if m.tools is not None else m.role) for m in msgs])
 
-    mask = bytearray(len(enc.ids))
+    mask = bytearray(len(ids))
     spans: list[Span] = []
-    channels = frozenset(d.channels())
-    els = enc.elements
-    ends = set(enc.ends)
-    role_key = d.names["role"]
-    # One pass over the elements (document order): each top-level element
-    # with its channel children and its excluded descendants.
-    groups: list[tuple[int, list[int], list[int]]] = []
-    for k, e in enumerate(els):
-        if e.parent < 0:
-            groups.append((k, [], []))
-        elif e.parent == groups[-1][0] and e.element.tag in channels:
-            groups[-1][1].append(k)
-        if e.parent >= 0 and e.element.tag in rules.exclude:
-            groups[-1][2].append(k)
-    for t, kids, excluded in groups:
-        s = els[t]
-        if not s.element.closed:
+    for t, top in enumerate(tops):
+        if top.close < 0:
             continue  # the generation prompt
-        index, role = owner.get(t, (None, s.element.attr(role_key) or ""))
-        end = s.end + 1 if s.end in ends else s.end
-        spans.append(Span(index, role, None, s.start, end, s.body, s.body_end))
-        for c in kids:
-            cs = els[c]
-            spans.append(Span(index, role, cs.element.tag, cs.start, cs.end, cs.body, cs.body_end))
+        index = owner.get(t)
+        role = dict(top.attrs).get(role_key) or ""
+        start, body, body_end, after = off[top.start], off[top.body], off[top.close], off[top.after]
+        end = after + 1 if top.end == top.after else after
+        spans.append(Span(index, role, None, start, end, body, body_end))
+        for tag, c0, c1, c2, c3 in top.kids:
+            spans.append(Span(index, role, tag, off[c0], off[c3], off[c1], off[c2]))
         if index is None or index not in chosen:
             continue
-        if rules.channels and kids:
-            for c in kids:
-                cs = els[c]
-                if cs.element.tag in rules.channels:
-                    mask[cs.start:cs.end] = b"\x01" * (cs.end - cs.start)
+        if rules.channels and top.kids:
+            for tag, c0, _, _, c3 in top.kids:
+                if tag in rules.channels:
+                    mask[off[c0]:off[c3]] = b"\x01" * (off[c3] - off[c0])
         else:
-            mask[s.body:s.body_end] = b"\x01" * (s.body_end - s.body)
-        for c in excluded:
-            cs = els[c]
-            mask[cs.start:cs.end] = bytes(cs.end - cs.start)
+            mask[body:body_end] = b"\x01" * (body_end - body)
+        for c0, c3 in top.excluded:
+            mask[off[c0]:off[c3]] = bytes(off[c3] - off[c0])
         if rules.end:
-            mask[s.body_end:end] = b"\x01" * (end - s.body_end)
-    return TrainingExample(enc.ids, bytes(mask), tuple(spans), o.effort if o.thinking else None, rules)
+            mask[body_end:end] = b"\x01" * (end - body_end)
+    return TrainingExample(ids, bytes(mask), tuple(spans), o.effort if o.thinking else None, rules)
+
+
+class _Top:
+    """A top-level element as :class:`_SpanSink` records it: chunk indexes of
+    its open tag, body, close tag and what follows; its channels and its
+    excluded elements (chunk ranges)."""
+
+    __slots__ = ("after", "attrs", "body", "close", "end", "excluded", "kids", "start")
+
+    def __init__(self, attrs: tuple[tuple[str, str], ...], start: int) -> None:
+        self.attrs = attrs
+        self.start = start
+        self.body = start + 1
+        self.close = -1
+        self.after = -1
+        self.end = -2
+        self.kids: list[tuple[str, int, int, int, int]] = []
+        self.excluded: list[tuple[int, int]] = []
+
+
+class _SpanSink:
+    """Markup events → ids, noting where top-level elements, their channels
+    and excluded elements lie, without building the tree. The ids are those
+    of :class:`~xtml.tokenizer.IdSink` (the same cached pieces, one batch for
+    body text); offsets are summed once the batch is encoded."""
+
+    __slots__ = ("_b", "_channels", "_chunks", "_exclude", "_open_at", "_slots", "_stack", "_texts", "tops")
+
+    def __init__(self, binding: Any, channels: frozenset[str], exclude: frozenset[str]) -> None:
+        self._b = binding
+        self._channels = channels
+        self._exclude = exclude
+        self._chunks: list[list[int]] = []
+        self._texts: list[str] = []
+        self._slots: list[int] = []
+        self._stack: list[str] = []
+        self._open_at: list[int] = []
+        self.tops: list[_Top] = []
+
+    def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
+        if not self._stack:
+            self.tops.append(_Top(attrs, len(self._chunks)))
+        self._open_at.append(len(self._chunks))
+        self._stack.append(tag)
+        self._chunks.append(self._b._open_ids(tag, attrs))
+
+    def close(self) -> None:
+        tag = self._stack.pop()
+        start = self._open_at.pop()
+        chunks = self._chunks
+        close = len(chunks)
+        chunks.append(self._b._close_ids(tag))
+        self._closed(tag, start, close)
+
+    def _closed(self, tag: str, start: int, close: int) -> None:
+        depth = len(self._stack)
+        after = close + 1
+        if depth == 0:
+            top = self.tops[-1]
+            top.close, top.after = close, after
+            return
+        top = self.tops[-1]
+        if depth == 1 and tag in self._channels:
+            top.kids.append((tag, start, start + 1, close, after))
+        if tag in self._exclude:
+            top.excluded.append((start, after))
+
+    def text(self, text: str, stable: bool = False) -> None:
+        if not text:
+            return
+        if stable:
+            self._chunks.append(self._b._stable_ids(text))
+        else:
+            self._slots.append(len(self._chunks))
+            self._chunks.append([])
+            self._texts.append(text)
+
+    def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
+        if not self._stack:
+            self.tops.append(_Top(attrs, len(self._chunks)))
+        chunks = self._chunks
+        start = len(chunks)
+        chunks.append(self._b._open_ids(tag, attrs))
+        self.text(text, stable)
+        close = len(chunks)
+        chunks.append(self._b._close_ids(tag))
+        self._closed(tag, start, close)
+
+    def embed(self, raw: str) -> None:
+        if raw:
+            from .markup.segments import Segment
+
+            self._chunks.append(self._b._segment_ids(Segment(raw, True)))
+
+    def end(self) -> None:
+        if self.tops and not self._stack:
+            self.tops[-1].end = len(self._chunks)
+        self._chunks.append([self._b.marker_ids[self._b.markers.end]])
+
+    def finish(self) -> tuple[list[int], list[int]]:
+        """The ids, and the id offset of each chunk (one more at the end)."""
+        chunks = self._chunks
+        if self._texts:
+            for slot, ids in zip(self._slots, self._b.vocab.encode_texts(self._texts)):
+                chunks[slot] = ids
+        return list(chain.from_iterable(chunks)), list(accumulate(map(len, chunks), initial=0))
 
 
 def _chosen(train: Train, rules: Training, msgs: list[tuple[int, str]]) -> set[int]:
