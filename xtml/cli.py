@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from . import __version__, dataset
+from .cliargs import at_least
 from .errors import XtmlError
 from .template import Template, load
 from .tokenizer import Vocabulary, load_tokenizer
@@ -226,24 +227,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _count(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {s!r}")
-    return v
-
-
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}")
-    return v
+_count = at_least(0)
+_positive = at_least(1)
 
 
 def _fuzz(args: argparse.Namespace, out: TextIO) -> int:

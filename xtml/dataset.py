@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import IO, Any, TextIO
 
+from .cliargs import at_least
 from .errors import XtmlError
 from .training import RowError, encode_training, overruns, row_request, with_training_defaults
 
@@ -381,14 +382,7 @@ class _Progress:
 # -- the commands ----------------------------------------------------------------
 
 
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {s!r}")
-    return v
+_positive = at_least(1)
 
 
 def add_commands(sub: Any) -> None:

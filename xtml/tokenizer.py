@@ -38,7 +38,7 @@ class Vocabulary:
     literals included); marker ids only ever come from :class:`Binding`.
     """
 
-    def __init__(self, tokenizer: Any, source: str = "<tokenizer>") -> None:
+    def __init__(self, tokenizer: Any, source: str = "<tokenizer>", *, _copy: bool = True) -> None:
         try:
             from tokenizers import Tokenizer
         except ImportError as e:  # pragma: no cover - a declared dependency
@@ -46,8 +46,10 @@ class Vocabulary:
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError("expected a tokenizers.Tokenizer; use xtml.load_tokenizer(path) for files")
         # A private copy: the flag below changes how the instance encodes, and
-        # the caller's tokenizer must keep behaving as they set it up.
-        self._tok = Tokenizer.from_str(tokenizer.to_str())
+        # the caller's tokenizer must keep behaving as they set it up. (A
+        # tokenizer made here for this vocabulary alone is not copied: a
+        # large vocabulary takes seconds to copy.)
+        self._tok = Tokenizer.from_str(tokenizer.to_str()) if _copy else tokenizer
         self._tok.encode_special_tokens = True
         self.source = source
         self._size = int(self._tok.get_vocab_size(with_added_tokens=True))
@@ -145,14 +147,12 @@ class Vocabulary:
     def with_special_tokens(self, tokens: Iterable[str]) -> Vocabulary:
         """A copy with ``tokens`` added as special tokens (for fine-tuning a
         base model on XTML: the new ids need training)."""
-        from tokenizers import AddedToken, Tokenizer
+        from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(self._tok.to_str())
         tok.encode_special_tokens = False
-        missing = [t for t in tokens if self.special_id(t) is None]
-        if missing:
-            tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
-        return Vocabulary(tok, self.source)
+        _add_special(tok, [t for t in tokens if self.special_id(t) is None])
+        return Vocabulary(tok, self.source, _copy=False)
 
     @property
     def tokenizer(self) -> Any:
@@ -185,7 +185,7 @@ def byte_vocabulary(special_tokens: Iterable[str] = ()) -> Vocabulary:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(special_tokens)])
-    return Vocabulary(tok, "<byte-level vocabulary>")
+    return Vocabulary(tok, "<byte-level vocabulary>", _copy=False)
 
 
 def load_tokenizer(
@@ -253,9 +253,19 @@ def load_tokenizer(
         tok = Tokenizer.from_file(str(p))
     except Exception as e:  # tokenizers raises plain Exception subclasses
         raise TokenizerError(f"cannot load tokenizer {str(p)!r}: {e}") from None
-    vocab = Vocabulary(tok, str(p))
     extra = list(add_special_tokens)
-    return vocab.with_special_tokens(extra) if extra else vocab
+    if extra:
+        added = {t.content: bool(t.special) for t in tok.get_added_tokens_decoder().values()}
+        _add_special(tok, [t for t in extra if not added.get(t)])
+    return Vocabulary(tok, str(p), _copy=False)
+
+
+def _add_special(tok: Any, tokens: list[str]) -> None:
+    """Add ``tokens`` to a ``tokenizers.Tokenizer`` as special tokens."""
+    if tokens:
+        from tokenizers import AddedToken
+
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(tokens)])
 
 
 class Binding:
@@ -550,13 +560,18 @@ class IdSink:
     def end(self) -> None:
         self._chunks.append(self._end)
 
-    def finish(self) -> list[int]:
-        """The ids: body text encoded in one batch, then everything joined."""
+    def _fill(self) -> list[list[int]]:
+        """The chunks of ids, body text encoded in one batch."""
         chunks = self._chunks
         if self._texts:
             for slot, ids in zip(self._slots, self._b.vocab.encode_texts(self._texts)):
                 chunks[slot] = ids
-        return list(chain.from_iterable(chunks))
+            self._texts = []
+        return chunks
+
+    def finish(self) -> list[int]:
+        """The ids: body text encoded in one batch, then everything joined."""
+        return list(chain.from_iterable(self._fill()))
 
 
 # A slot's placeholder until its text is encoded; never mutated.

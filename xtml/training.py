@@ -28,6 +28,7 @@ from .chat.dialect import Dialect, Training
 from .chat.render import render
 from .chat.request import OPTION_NAMES
 from .errors import OptionError, XtmlError
+from .tokenizer import IdSink
 
 if TYPE_CHECKING:
     from .template import Template, TokenizerLike
@@ -149,7 +150,7 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
     o, msgs = template._prepare(request, options)
     sink = _SpanSink(template.bind(tokenizer), frozenset(d.channels()), frozenset(rules.exclude))
     render(d, o, msgs, sink)
-    ids, off = sink.finish()
+    ids, off = sink.spans()
     tops = sink.tops
     # The tree is written in this order (xtml.chat.render): global option
     # messages, one element per message, one-shot option messages, the
@@ -211,91 +212,58 @@ class _Top:
         self.excluded: list[tuple[int, int]] = []
 
 
-class _SpanSink:
-    """Markup events → ids, noting where top-level elements, their channels
-    and excluded elements lie, without building the tree. The ids are those
-    of :class:`~xtml.tokenizer.IdSink` (the same cached pieces, one batch for
-    body text); offsets are summed once the batch is encoded."""
+class _SpanSink(IdSink):
+    """An :class:`~xtml.tokenizer.IdSink` (the same ids) that also notes
+    where top-level elements, their channels and excluded elements lie,
+    without building the tree; offsets are summed once the batch is encoded."""
 
-    __slots__ = ("_b", "_channels", "_chunks", "_exclude", "_open_at", "_slots", "_stack", "_texts", "tops")
+    __slots__ = ("_channels", "_exclude", "_open_at", "tops")
 
     def __init__(self, binding: Any, channels: frozenset[str], exclude: frozenset[str]) -> None:
-        self._b = binding
+        super().__init__(binding)
         self._channels = channels
         self._exclude = exclude
-        self._chunks: list[list[int]] = []
-        self._texts: list[str] = []
-        self._slots: list[int] = []
-        self._stack: list[str] = []
         self._open_at: list[int] = []
         self.tops: list[_Top] = []
 
     def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
-        if not self._stack:
+        if not self._tags:
             self.tops.append(_Top(attrs, len(self._chunks)))
         self._open_at.append(len(self._chunks))
-        self._stack.append(tag)
-        self._chunks.append(self._b._open_ids(tag, attrs))
+        super().open(tag, attrs)
 
     def close(self) -> None:
-        tag = self._stack.pop()
-        start = self._open_at.pop()
-        chunks = self._chunks
-        close = len(chunks)
-        chunks.append(self._b._close_ids(tag))
-        self._closed(tag, start, close)
-
-    def _closed(self, tag: str, start: int, close: int) -> None:
-        depth = len(self._stack)
-        after = close + 1
-        if depth == 0:
-            top = self.tops[-1]
-            top.close, top.after = close, after
-            return
-        top = self.tops[-1]
-        if depth == 1 and tag in self._channels:
-            top.kids.append((tag, start, start + 1, close, after))
-        if tag in self._exclude:
-            top.excluded.append((start, after))
-
-    def text(self, text: str, stable: bool = False) -> None:
-        if not text:
-            return
-        if stable:
-            self._chunks.append(self._b._stable_ids(text))
-        else:
-            self._slots.append(len(self._chunks))
-            self._chunks.append([])
-            self._texts.append(text)
+        tag = self._tags[-1]
+        close = len(self._chunks)
+        super().close()
+        self._closed(tag, self._open_at.pop(), close)
 
     def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
-        if not self._stack:
+        if not self._tags:
             self.tops.append(_Top(attrs, len(self._chunks)))
-        chunks = self._chunks
-        start = len(chunks)
-        chunks.append(self._b._open_ids(tag, attrs))
-        self.text(text, stable)
-        close = len(chunks)
-        chunks.append(self._b._close_ids(tag))
-        self._closed(tag, start, close)
+        start = len(self._chunks)
+        super().element(tag, attrs, text, stable)
+        self._closed(tag, start, len(self._chunks) - 1)
 
-    def embed(self, raw: str) -> None:
-        if raw:
-            from .markup.segments import Segment
-
-            self._chunks.append(self._b._segment_ids(Segment(raw, True)))
+    def _closed(self, tag: str, start: int, close: int) -> None:
+        top = self.tops[-1]
+        depth = len(self._tags)
+        if depth == 0:
+            top.close, top.after = close, close + 1
+            return
+        if depth == 1 and tag in self._channels:
+            top.kids.append((tag, start, start + 1, close, close + 1))
+        if tag in self._exclude:
+            top.excluded.append((start, close + 1))
 
     def end(self) -> None:
-        if self.tops and not self._stack:
+        if self.tops and not self._tags:
             self.tops[-1].end = len(self._chunks)
-        self._chunks.append([self._b.marker_ids[self._b.markers.end]])
+        super().end()
 
-    def finish(self) -> tuple[list[int], list[int]]:
+    def spans(self) -> tuple[list[int], list[int]]:
         """The ids, and the id offset of each chunk (one more at the end)."""
-        chunks = self._chunks
-        if self._texts:
-            for slot, ids in zip(self._slots, self._b.vocab.encode_texts(self._texts)):
-                chunks[slot] = ids
+        chunks = self._fill()
         return list(chain.from_iterable(chunks)), list(accumulate(map(len, chunks), initial=0))
 
 
