@@ -402,3 +402,20 @@ def test_plugin_attribute_values_must_be_strings(tmp_path: Path) -> None:
     t = xtml.load(_with(tmp_path, _Fake("typed-pin", Typed())))
     with pytest.raises(xtml.TemplateError, match="attribute names and values are strings"):
         t.render([{"role": "user", "content": [{"type": "pin"}]}])
+
+
+def test_k3_can_write_processor_prompts_when_sizes_are_known(tmp_path: Path, vocab: xtml.Vocabulary) -> None:
+    path = tmp_path / "k3-sized.toml"
+    path.write_text(K3_TEXT.replace("[plugins.image]\n", "[plugins.image]\n"
+                                    'size_prompt = "<|media_begin|>image {width}x{height}<|media_content|>{pads}'
+                                    '<|media_end|>"\npad = "<|media_pad|>"\n'), encoding="utf-8")
+    t = xtml.load(path)
+    req = user({"type": "image_url", "image_url": {"url": "https://x/cat.png"}, "width": 1024, "height": 768})
+    text = t.render(req).text
+    prompt = "<|media_begin|>image 1024x768<|media_content|>" + "<|media_pad|>" * Grid(
+        14, 2, 3136, 1003520).tokens(1024, 768) + "<|media_end|>"
+    assert prompt in text
+    assert t.dialect.image_prompt.match(prompt)  # also a valid image_prompts prompt for K3
+    assert roundtrip(t, req, vocab)["messages"][0]["content"][1] == {"type": "image", "width": 1024, "height": 768}
+    # The shipped K3 template keeps the reference encoder's placeholder.
+    assert "<|kimi_image_placeholder|>" in xtml.load().render(req).text
