@@ -632,11 +632,15 @@ def check(data: Any, path: str = "") -> tuple[Dialect | None, list[Problem]]:
 
 def from_dict(data: dict[str, Any], path: str) -> Dialect:
     """Build and check a dialect from parsed TOML; the first problem raises."""
-    d, problems = check(data, path)
+    return _first_or(*check(data, path), path)
+
+
+def _first_or(d: Dialect | None, problems: list[Problem], file: str) -> Dialect:
+    """The dialect, or its first problem raised."""
     if d is None:
         p = problems[0]
         hint = f"; {p.hint}" if p.hint else ""
-        raise TemplateError(p.message + hint, location=p.where(path))
+        raise TemplateError(p.message + hint, location=p.where(file))
     return d
 
 
@@ -738,9 +742,4 @@ def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
 def load_dialect(name_or_path: str | Path) -> Dialect:
     """A built-in dialect by name, or a dialect file by path."""
     text, where = read_template(name_or_path)
-    d, problems = check_text(text, where)
-    if d is None:
-        p = problems[0]
-        hint = f"; {p.hint}" if p.hint else ""
-        raise TemplateError(p.message + hint, location=p.where(where))
-    return d
+    return _first_or(*check_text(text, where), where)
