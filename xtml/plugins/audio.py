@@ -34,11 +34,7 @@ class AudioExtension(ContentExtension):
         types = s.types("part_types", ["audio", "input_audio"])
         self.part_types = ("audio", *(t for t in types if t != "audio"))
         self.input_types = types
-        self.read_files = settings.get("read_files", False)
-        if type(self.read_files) is not bool:
-            from ..errors import TemplateError
-
-            raise TemplateError("read_files must be true or false", location=f"{where}.read_files")
+        self.read_files = s.flag("read_files", False)
         self.decimals = s.num("decimals", 2, integer=True, minimum=0)
         self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9)
         self.max_seconds = s.num("max_seconds", 3600, minimum=1e-9)

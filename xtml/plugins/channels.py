@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MessageError
+from ..errors import MessageError, TemplateError
 
 if TYPE_CHECKING:
     from ..chat.parse import Reader
@@ -59,8 +59,6 @@ class _Plugin:
 
     def configure(self, settings: Mapping[str, Any], where: str) -> ChannelExtension:
         if settings:
-            from ..errors import TemplateError
-
             raise TemplateError(f"the {self.name} channel takes no settings", location=where)
         return self.ext
 

@@ -59,9 +59,7 @@ class ImageExtension(ContentExtension):
             self.prompt = re.compile(raw)
         except re.error as e:
             raise TemplateError(f"prompt is not a valid regular expression: {e}", location=f"{where}.prompt") from None
-        self.read_files = settings.get("read_files", False)
-        if type(self.read_files) is not bool:
-            raise TemplateError("read_files must be true or false", location=f"{where}.read_files")
+        self.read_files = s.flag("read_files", False)
         self.sized: PromptFormat | None = None
         self.grid: Grid | None = None
         self.markers = (self.placeholder,)

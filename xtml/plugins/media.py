@@ -49,6 +49,12 @@ class Settings:
             raise TemplateError(f"{key} must be {kind} ≥ {minimum}", location=f"{self.where}.{key}")
         return v
 
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.s.get(key, default)
+        if type(v) is not bool:
+            raise TemplateError(f"{key} must be true or false", location=f"{self.where}.{key}")
+        return v
+
     def has(self, key: str) -> bool:
         return key in self.s
 
