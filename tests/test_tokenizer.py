@@ -59,6 +59,37 @@ def test_callers_tokenizer_is_not_changed(k3: xtml.Template) -> None:
     assert tok.encode("a<|open|>b", add_special_tokens=False).ids == before
 
 
+def test_saved_truncation_padding_and_post_processor_leave_ids_alone(k3: xtml.Template, tmp_path: Path) -> None:
+    # A tokenizer.json saved for batch training carries truncation and
+    # padding; a post-processor adds BOS. None of it may reach xtml's ids.
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(deepseek_path())
+    plain = [tok.encode(t, add_special_tokens=False).ids for t in ("hello world " * 20, "hi")]
+    tok.enable_truncation(8)
+    tok.enable_padding(length=16)
+    tok.post_processor = processors.TemplateProcessing(single="<｜begin▁of▁sentence｜> $A",
+                                                       special_tokens=[("<｜begin▁of▁sentence｜>", 0)])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    for vocab in (xtml.load_tokenizer(path), xtml.Vocabulary(tok)):
+        assert vocab.encode_texts(["hello world " * 20, "hi"]) == plain
+    req = [{"role": "user", "content": "hello world " * 20}]
+    marked = xtml.load_tokenizer(path, add_special_tokens=k3.markers.all())
+    assert k3.parse(k3.encode(req, marked), marked)["messages"][0]["content"] == req[0]["content"]
+    assert tok.encode("hi").ids[0] == 0  # the caller's tokenizer keeps its set-up
+
+
+def test_short_text_cache_gives_the_tokenizers_ids(vocab: xtml.Vocabulary) -> None:
+    from xtml.tokenizer import SHORT_TEXT
+
+    texts = ["true", "4", "x" * SHORT_TEXT, "y" * (SHORT_TEXT + 1), "true", "", " 4", "4"]
+    fresh = [vocab.tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    assert vocab.encode_texts(texts) == fresh  # first sight: encoded
+    assert vocab.encode_texts(texts) == fresh  # again: from the cache where short
+    assert vocab.encode_texts(list(reversed(texts))) == list(reversed(fresh))
+
+
 def test_load_from_folder_and_errors(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()

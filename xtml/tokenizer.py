@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from itertools import chain
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,6 +28,10 @@ __all__ = ["Binding", "Vocabulary", "load_tokenizer"]
 # Constant pieces (headers, template prose) are cached per binding; the cap
 # keeps a long-running server's memory bounded whatever its traffic.
 _CACHE_LIMIT = 65536
+# Texts up to this many characters have their ids cached by the vocabulary
+# (at most _SHORT_LIMIT of them, a few MB).
+SHORT_TEXT = 32
+_SHORT_LIMIT = 16384
 
 
 class Vocabulary:
@@ -51,9 +54,18 @@ class Vocabulary:
         # large vocabulary takes seconds to copy.)
         self._tok = Tokenizer.from_str(tokenizer.to_str()) if _copy else tokenizer
         self._tok.encode_special_tokens = True
+        # Text is encoded piece by piece and the pieces joined, so a saved
+        # tokenizer's truncation or padding would cut or pad every piece. Its
+        # post-processor only adds special tokens, which are never asked for
+        # here, and moves offsets, which are not used: dropping it leaves the
+        # ids as they are and saves a pass over every encoding.
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._tok.post_processor = None
         self.source = source
         self._size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._bytes: list[bytes] | None = None
+        self._short: dict[str, list[int]] = {}
         self._added = {
             t.content: (i, bool(t.special)) for i, t in self._tok.get_added_tokens_decoder().items()
         }
@@ -77,11 +89,35 @@ class Vocabulary:
         return frozenset(i for i, special in self._added.values() if special)
 
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text encoded on its own as ordinary text."""
+        """Each text encoded on its own as ordinary text.
+
+        The lists returned may be shared with a cache: do not change them."""
         if not texts:
             return []
-        encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [e.ids for e in encs]
+        # Short texts (argument values, names, numbers, "true") recur across
+        # requests, and the tokenizer's cost per text (a few microseconds)
+        # outweighs what they hold; their ids are kept. Only short ones: a
+        # cache of whole messages would hold the conversations themselves.
+        short = self._short
+        out: list[list[int]] = []
+        miss: list[str] = []
+        where: list[int] = []
+        for t in texts:
+            ids = short.get(t) if len(t) <= SHORT_TEXT else None
+            if ids is None:
+                where.append(len(out))
+                miss.append(t)
+                out.append(_NO_IDS)
+            else:
+                out.append(ids)
+        if miss:
+            if len(short) >= _SHORT_LIMIT:
+                short.clear()
+            for j, t, e in zip(where, miss, self._tok.encode_batch_fast(miss, add_special_tokens=False)):
+                ids = out[j] = e.ids
+                if len(t) <= SHORT_TEXT:
+                    short[t] = ids
+        return out
 
     def decode_batch(self, runs: list[Sequence[int]]) -> list[str]:
         """Each run of ordinary ids decoded on its own."""
@@ -156,7 +192,9 @@ class Vocabulary:
 
     @property
     def tokenizer(self) -> Any:
-        """The underlying ``tokenizers.Tokenizer`` (encodes literals as text)."""
+        """The underlying ``tokenizers.Tokenizer``, set up for pieces of
+        ordinary text: special-token literals encode as text, and there is
+        no truncation, padding or post-processor."""
         return self._tok
 
 
@@ -365,7 +403,7 @@ class Binding:
         if texts:
             for slot, ids in zip(slots, self.vocab.encode_texts(texts)):
                 chunks[slot] = ids
-        return list(chain.from_iterable(chunks))
+        return join_ids(chunks)
 
     def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int]) -> None:
         for node in nodes:
@@ -571,7 +609,17 @@ class IdSink:
 
     def finish(self) -> list[int]:
         """The ids: body text encoded in one batch, then everything joined."""
-        return list(chain.from_iterable(self._fill()))
+        return join_ids(self._fill())
+
+
+def join_ids(chunks: list[list[int]]) -> list[int]:
+    # list.extend copies a list in C; chain.from_iterable would go id by id
+    # through the iterator protocol, about three times slower here.
+    out: list[int] = []
+    extend = out.extend
+    for c in chunks:
+        extend(c)
+    return out
 
 
 # A slot's placeholder until its text is encoded; never mutated.

@@ -21,14 +21,14 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chat.dialect import Dialect, Training
 from .chat.render import render
 from .chat.request import OPTION_NAMES
 from .errors import OptionError, XtmlError
-from .tokenizer import IdSink
+from .tokenizer import IdSink, join_ids
 
 if TYPE_CHECKING:
     from .template import Template, TokenizerLike
@@ -264,7 +264,7 @@ class _SpanSink(IdSink):
     def spans(self) -> tuple[list[int], list[int]]:
         """The ids, and the id offset of each chunk (one more at the end)."""
         chunks = self._fill()
-        return list(chain.from_iterable(chunks)), list(accumulate(map(len, chunks), initial=0))
+        return join_ids(chunks), list(accumulate(map(len, chunks), initial=0))
 
 
 def _chosen(train: Train, rules: Training, msgs: list[tuple[int, str]]) -> set[int]:

@@ -41,20 +41,28 @@ class Body:
     """Matches a rendered body and captures the placeholders."""
     plain: str = ""
     """The rendered body, for a body without placeholders."""
+    literals: tuple[str, ...] = ("",)
+    """The text around the placeholders (one more than ``names``), braces
+    unescaped."""
 
     @classmethod
     def compile(cls, source: str, where: str) -> Body:
         names: list[str] = []
         rx: list[str] = []
+        literals = [""]
         pos = 0
         for m in _PLACEHOLDER.finditer(source):
             rx.append(re.escape(source[pos : m.start()]))
+            literals[-1] += source[pos : m.start()]
             tok = m.group(0)
             if tok == "{{":
                 rx.append(re.escape("{"))
+                literals[-1] += "{"
             elif tok == "}}":
                 rx.append(re.escape("}"))
+                literals[-1] += "}"
             else:
+                literals.append("")
                 name = m.group(1)
                 if name in names:
                     raise TemplateError(f"placeholder {{{name}}} is used twice", location=where)
@@ -65,22 +73,20 @@ class Body:
         if "{" in rest.replace("{{", "") or "}" in rest.replace("}}", ""):
             raise TemplateError("a lone brace in a body; write {{ or }} for a literal one", location=where)
         rx.append(re.escape(rest))
+        literals[-1] += rest
         pattern = re.compile("".join(rx), re.DOTALL)
         plain = _PLACEHOLDER.sub(lambda m: m.group(0)[0], source).strip()
-        return cls(source, tuple(names), pattern, plain)
+        return cls(source, tuple(names), pattern, plain, tuple(literals))
 
     def render(self, **values: str) -> str:
         if not self.names:
             return self.plain
-        def sub(m: re.Match[str]) -> str:
-            tok = m.group(0)
-            if tok == "{{":
-                return "{"
-            if tok == "}}":
-                return "}"
-            return values[m.group(1)]
-
-        return _PLACEHOLDER.sub(sub, self.source).strip()
+        lits = self.literals
+        out = [lits[0]]
+        for name, lit in zip(self.names, lits[1:]):
+            out.append(values[name])
+            out.append(lit)
+        return "".join(out).strip()
 
     def match(self, text: str) -> dict[str, str] | None:
         m = self.pattern.fullmatch(text)

@@ -7,6 +7,7 @@ these are called per argument and per message, so they are built here once.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 # Argument values: default separators, non-ASCII kept (K3's spelling).
@@ -38,3 +39,30 @@ def arguments(args: dict[str, Any]) -> str:
 def compact(v: Any) -> str:
     """Compact, key-sorted JSON (raises ValueError/TypeError)."""
     return _COMPACT.encode(v)
+
+
+def value_type(value: Any) -> str:
+    """The XTML type of an argument value."""
+    t = type(value)
+    # Exact types first: JSON-decoded values are plain, and this runs per argument.
+    if t is str:
+        return "string"
+    if t is bool:
+        return "boolean"
+    if t is int or t is float:
+        return "number"
+    if t is dict:
+        return "object"
+    if t is list:
+        return "array"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    return "array"

@@ -129,15 +129,23 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
             internal("tool-declare-dynamic", tools=m.tools_json)
             continue
         if m.role == "tool":
-            sink.open(msg_tag, ((role, "tool"), (n["tool"], m.name or ""), (n["index"], str(m.tool_index))))
+            attrs: Attrs = ((role, "tool"), (n["tool"], m.name or ""), (n["index"], str(m.tool_index)))
         else:
-            sink.open(msg_tag, ((role, m.role), (n["name"], m.name)) if m.name else ((role, m.role),))
-        if m.role != "assistant":
-            s.body(m.parts)
-        else:
+            attrs = ((role, m.role), (n["name"], m.name)) if m.name else ((role, m.role),)
+        if m.role == "assistant":
+            sink.open(msg_tag, attrs)
             for ch in channels:
                 ch.render(m, s)
-        sink.close()
+            sink.close()
+        else:
+            parts = m.parts
+            if not parts or (len(parts) == 1 and type(parts[0]) is str):
+                # The common case in one event: what open, text, close give.
+                sink.element(msg_tag, attrs, parts[0] if parts else "")  # type: ignore[arg-type]
+            else:
+                sink.open(msg_tag, attrs)
+                s.body(parts)
+                sink.close()
         sink.end()
     if o.tool_choice is not None:
         internal(f"tool-choice-{o.tool_choice}")

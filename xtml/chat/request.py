@@ -11,6 +11,7 @@ and the field.
 from __future__ import annotations
 
 import json
+import marshal
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -185,24 +186,33 @@ def json_compact(value: Any, where: str) -> str:
     Refuses what JSON would change silently (non-string keys): the text is
     read back and compared, in C; only on a difference does the slow walk
     look for the cause (tuples, say, differ harmlessly)."""
+    # The same tool list arrives with every request of a conversation, as a
+    # new object. marshal writes plain built-in values only (anything else
+    # raises) and its bytes give the value back exactly, types and key order
+    # included, so equal bytes mean the same JSON: a key five times cheaper
+    # to make than the JSON itself.
+    try:
+        key: bytes | None = marshal.dumps(value)
+    except ValueError:
+        key = None
+    if key is not None:
+        text = _compact.get(key)
+        if text is not None:
+            return text
     try:
         text = jsonfmt.compact(value)
     except (TypeError, ValueError, RecursionError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
-    # The same tool list arrives with every request of a conversation: keep
-    # what its text reads back as, and compare with that.
-    back = _read_back.get(text)
-    if back is None:
-        back = json.loads(text)
-        if len(_read_back) >= 256:
-            _read_back.clear()
-        _read_back[text] = back
-    if back != value:
+    if json.loads(text) != value:
         check_json_keys(value, where)
+    if key is not None:
+        if len(_compact) >= 256:
+            _compact.clear()
+        _compact[key] = text
     return text
 
 
-_read_back: dict[str, Any] = {}
+_compact: dict[bytes, str] = {}
 
 
 def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -326,45 +336,45 @@ def _response_format(rf: Any) -> dict[str, Any] | None:
                       option="response_format")
 
 
-def value_type(value: Any) -> str:
-    """The XTML type of an argument value."""
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if _is_map(value):
-        return "object"
-    return "array"
-
-
-def _arguments(raw: Any, i: int, path: str) -> tuple[list[tuple[str, Any]] | None, str | None]:
+def _arguments(raw: Any, i: int, j: int) -> tuple[list[tuple[str, Any]] | None, str | None]:
+    """Typed arguments of call ``j`` of message ``i``, or (None, raw) for a
+    string that is not JSON."""
     if raw is None:
         return [], None
-    if _is_map(raw):
-        parsed: Any = raw
-    elif isinstance(raw, str):
+    if type(raw) is str:
         if not raw.strip():
             return [], None
         try:
             parsed = json.loads(raw)
         except (json.JSONDecodeError, RecursionError):
             return None, raw
-        if not isinstance(parsed, dict):
-            raise MessageError("tool call arguments must be a JSON object", index=i, path=path)
+        if type(parsed) is not dict:
+            raise MessageError("tool call arguments must be a JSON object", index=i, path=_args_path(j))
+        # Decoded JSON has string keys; only NaN and the infinities (which
+        # Python's decoder accepts) need a look.
+        items = list(parsed.items())
+        for k, v in items:
+            if type(v) is float and not math.isfinite(v):
+                raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=_args_path(j))
+        return items, None
+    if _is_map(raw):
+        parsed = raw
+    elif isinstance(raw, str):
+        return _arguments(str(raw), i, j)
     else:
-        raise MessageError("tool call arguments must be a dict or a JSON object string", index=i, path=path)
+        raise MessageError("tool call arguments must be a dict or a JSON object string", index=i, path=_args_path(j))
     out: list[tuple[str, Any]] = []
     for k, v in parsed.items():
         if not isinstance(k, str):
-            raise MessageError(f"argument names must be strings, not {k!r}", index=i, path=path)
+            raise MessageError(f"argument names must be strings, not {k!r}", index=i, path=_args_path(j))
         if isinstance(v, float) and not math.isfinite(v):
-            raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=path)
+            raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=_args_path(j))
         out.append((k, v))
     return out, None
+
+
+def _args_path(j: int) -> str:
+    return f"tool_calls[{j}].function.arguments"
 
 
 # Part types whose "text" is rendered as text (OpenAI's chat and responses APIs).
@@ -440,17 +450,22 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
     split_marks = o.image_prompts is not None
     msgs: list[Msg] = []
     call_ids: dict[str, tuple[int, str]] = {}
+    aliases, roles, user_keys = d.role_aliases, d.roles, ROLE_KEYS["user"]
+    image_mark = d.image_placeholder if split_marks else None
+    # This loop runs once per message of every request: the common cases
+    # (plain dicts, string content) are tested inline before the general
+    # paths.
     for i, m in enumerate(raw_messages):
-        if not _is_map(m):
+        if type(m) is not dict and not _is_map(m):
             raise MessageError(f"a message must be an object, not {type(m).__name__}", index=i)
         role = m.get("role")
         if not isinstance(role, str):
             raise MessageError("a message needs a 'role' string", index=i, path="role")
-        role = d.role_aliases.get(role, role)
-        if role not in d.roles:
-            raise MessageError(f"role {m.get('role')!r} is not one of {', '.join(d.roles)}", index=i, path="role")
+        role = aliases.get(role, role)
+        if role not in roles:
+            raise MessageError(f"role {m.get('role')!r} is not one of {', '.join(roles)}", index=i, path="role")
         # Roles a template adds carry what a user message carries.
-        allowed = ROLE_KEYS.get(role, ROLE_KEYS["user"])
+        allowed = ROLE_KEYS.get(role, user_keys)
         if not m.keys() <= allowed:
             _check_keys(m, role, allowed, i)
         msg = Msg(role, i)
@@ -459,11 +474,15 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             if not isinstance(name, str):
                 raise MessageError("name must be a string", index=i, path="name")
             msg.name = name or None
+        content = m.get("content")
+        parts: list[Part] | None = None
+        if type(content) is str and (image_mark is None or image_mark not in content):
+            parts = [content] if content else _NO_PARTS
         if role == "system" and m.get("tools"):
             tools = m["tools"]
             if not isinstance(tools, list | tuple):
                 raise MessageError("tools must be a list of tool schemas", index=i, path="tools")
-            if _content(d, m.get("content"), i, False):
+            if parts if parts is not None else _content(d, content, i, False):
                 raise MessageError("a system message that declares tools renders only the declaration; "
                                    "move its content to a message of its own", index=i, path="content")
             if m.get("name"):
@@ -472,7 +491,7 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             msg.tools_json = json_compact(msg.tools, f"messages[{i}].tools")
             msgs.append(msg)
             continue
-        msg.parts = _content(d, m.get("content"), i, split_marks)
+        msg.parts = parts if parts is not None else _content(d, content, i, split_marks)
         if role == "assistant":
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
             if reasoning is not None and not isinstance(reasoning, str):
@@ -486,16 +505,16 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
             if calls:
                 msg.calls = []
             for j, c in enumerate(calls):
-                where = f"tool_calls[{j}]"
-                if not _is_map(c):
-                    raise MessageError("a tool call must be an object", index=i, path=where)
+                if type(c) is not dict and not _is_map(c):
+                    raise MessageError("a tool call must be an object", index=i, path=f"tool_calls[{j}]")
                 fn = c.get("function", c)
-                if not _is_map(fn):
-                    raise MessageError("function must be an object", index=i, path=f"{where}.function")
+                if type(fn) is not dict and not _is_map(fn):
+                    raise MessageError("function must be an object", index=i, path=f"tool_calls[{j}].function")
                 fname = fn.get("name")
                 if not isinstance(fname, str) or not fname:
-                    raise MessageError("a tool call needs a function name", index=i, path=f"{where}.function.name")
-                args, raw = _arguments(fn.get("arguments"), i, f"{where}.function.arguments")
+                    raise MessageError("a tool call needs a function name", index=i,
+                                       path=f"tool_calls[{j}].function.name")
+                args, raw = _arguments(fn.get("arguments"), i, j)
                 msg.calls.append(Call(fname, args, raw))
                 cid = c.get("id")
                 if cid is not None:
@@ -522,36 +541,33 @@ def resolve_tool_results(msgs: list[Msg]) -> list[Msg]:
     1-based position after the latest assistant message, and a missing name is
     taken from the call at that position.
     """
-    if not any(m.role == "tool" for m in msgs):
-        return msgs
-    ordered: list[Msg] = []
-    i = 0
-    while i < len(msgs):
-        if msgs[i].role != "tool":
-            ordered.append(msgs[i])
+    # One pass, reordering in place (``msgs`` is prepare's own list): this
+    # runs on every request.
+    prior: Msg | None = None
+    prior_pos = count = 0
+    i, n = 0, len(msgs)
+    while i < n:
+        m = msgs[i]
+        if m.role != "tool":
+            if m.role == "assistant":
+                prior, prior_pos, count = m, i, 0
             i += 1
             continue
-        run: list[Msg] = []
-        while i < len(msgs) and msgs[i].role == "tool":
-            run.append(msgs[i])
-            i += 1
+        j = i + 1
+        while j < n and msgs[j].role == "tool":
+            j += 1
+        run = msgs[i:j]
         targets = [m.known_calls.get(m.call_id) if m.call_id is not None else None for m in run]
-        if all(t is not None for t in targets):
-            keyed = []
+        if None not in targets:
+            order = []
             for m, t in zip(run, targets):
                 assert t is not None
                 m.name = t[1]
-                keyed.append((t[0], m))
-            keyed.sort(key=lambda x: x[0])
-            run = [m for _, m in keyed]
-        ordered.extend(run)
-    prior: Msg | None = None
-    prior_pos = 0
-    count = 0
-    for pos, m in enumerate(ordered):
-        if m.role == "assistant":
-            prior, prior_pos, count = m, pos, 0
-        elif m.role == "tool":
+                order.append(t[0])
+            if order != sorted(order):
+                msgs[i:j] = [m for _, m in sorted(zip(order, run), key=lambda x: x[0])]
+        for pos in range(i, j):
+            m = msgs[pos]
             count += 1
             m.tool_index = count
             has_call = prior is not None and count <= len(prior.calls)
@@ -567,4 +583,5 @@ def resolve_tool_results(msgs: list[Msg]) -> list[Msg]:
                 # call's name win, so a link to another name would rename it.
                 if prior.calls[count - 1].name == m.name:
                     m.call_ref = (prior_pos, count)
-    return ordered
+        i = j
+    return msgs

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..chat import jsonfmt
 from ..errors import MessageError, TemplateError
 
 if TYPE_CHECKING:
@@ -118,9 +119,6 @@ class Tools(ChannelExtension):
         s.sink.close()
 
     def _call(self, c: Call, k: int, index: int, s: RenderState) -> None:
-        from ..chat import jsonfmt
-        from ..chat.request import value_type
-
         n, sink = s.d.names, s.sink
         sink.open(n["call"], ((n["tool"], c.name), (n["index"], str(k))))
         if c.args is None:
@@ -136,7 +134,7 @@ class Tools(ChannelExtension):
                     except (TypeError, ValueError, RecursionError) as e:
                         raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
                                            path=f"tool_calls[{k - 1}].function.arguments") from None
-                sink.element(arg, ((key_, key), (type_, value_type(value))), text)
+                sink.element(arg, ((key_, key), (type_, jsonfmt.value_type(value))), text)
         sink.close()
 
     def normal(self, m: Msg, pos: int, s: RenderState, out: dict[str, Any]) -> None:
@@ -167,7 +165,6 @@ class Tools(ChannelExtension):
             msg["tool_calls"] = calls
 
     def _read_call(self, el: Element, pos: int, k: int, path: str, r: Reader) -> dict[str, Any]:
-        from ..chat import jsonfmt
         from ..chat.render import call_id
         from ..markup.nodes import Element as El
         from ..markup.nodes import Text
