@@ -110,13 +110,19 @@ class Vocabulary:
                 out.append(_NO_IDS)
             else:
                 out.append(ids)
-        if miss:
-            if len(short) >= _SHORT_LIMIT:
-                short.clear()
-            for j, t, e in zip(where, miss, self._tok.encode_batch_fast(miss, add_special_tokens=False)):
-                ids = out[j] = e.ids
-                if len(t) <= SHORT_TEXT:
-                    short[t] = ids
+        if not miss:
+            return out
+        if len(short) >= _SHORT_LIMIT:
+            short.clear()
+        # A text that comes twice in one call is encoded once.
+        uniq = list(dict.fromkeys(miss))
+        got: dict[str, list[int]] = {}
+        for t, e in zip(uniq, self._tok.encode_batch_fast(uniq, add_special_tokens=False)):
+            ids = got[t] = e.ids
+            if len(t) <= SHORT_TEXT:
+                short[t] = ids
+        for j, t in zip(where, miss):
+            out[j] = got[t]
         return out
 
     def decode_batch(self, runs: list[Sequence[int]]) -> list[str]:

@@ -28,7 +28,7 @@ from .chat.dialect import Dialect, Training
 from .chat.render import render
 from .chat.request import OPTION_NAMES
 from .errors import OptionError, XtmlError
-from .tokenizer import IdSink, join_ids
+from .tokenizer import _NO_IDS, IdSink, join_ids
 
 if TYPE_CHECKING:
     from .template import Template, TokenizerLike
@@ -156,34 +156,38 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
     # messages, one element per message, one-shot option messages, the
     # generation prompt.
     first = int(bool(o.tools)) + int(o.thinking)
-    if len(tops) < first + len(msgs):
+    n = len(msgs)
+    if len(tops) < first + n:
         raise AssertionError("rendered tree does not match the request's messages")
     role_key = d.names["role"]
-    owner: dict[int, int] = {}
-    for k, m in enumerate(msgs):
-        role = "system" if m.tools is not None else m.role
-        if dict(tops[first + k].attrs).get(role_key) != role:
-            raise AssertionError(f"rendered message {first + k} is not message {m.index}")
-        owner[first + k] = m.index
-    chosen = _chosen(train, rules, [(m.index, "system" if m.tools is not None else m.role) for m in msgs])
+    roles = ["system" if m.tools is not None else m.role for m in msgs]
+    chosen = _chosen(train, rules, [(m.index, r) for m, r in zip(msgs, roles)])
+    trained_channels = rules.channels
 
     mask = bytearray(len(ids))
     spans: list[Span] = []
+    add = spans.append
     for t, top in enumerate(tops):
         if top.close < 0:
             continue  # the generation prompt
-        index = owner.get(t)
-        role = dict(top.attrs).get(role_key) or ""
+        role = _attr(top.attrs, role_key) or ""
+        k = t - first
+        index: int | None = None
+        if 0 <= k < n:
+            if role != roles[k]:
+                raise AssertionError(f"rendered message {t} is not message {msgs[k].index}")
+            index = msgs[k].index
         start, body, body_end, after = off[top.start], off[top.body], off[top.close], off[top.after]
         end = after + 1 if top.end == top.after else after
-        spans.append(Span(index, role, None, start, end, body, body_end))
-        for tag, c0, c1, c2, c3 in top.kids:
-            spans.append(Span(index, role, tag, off[c0], off[c3], off[c1], off[c2]))
+        add(Span(index, role, None, start, end, body, body_end))
+        kids = top.kids
+        for tag, c0, c1, c2, c3 in kids:
+            add(Span(index, role, tag, off[c0], off[c3], off[c1], off[c2]))
         if index is None or index not in chosen:
             continue
-        if rules.channels and top.kids:
-            for tag, c0, _, _, c3 in top.kids:
-                if tag in rules.channels:
+        if trained_channels and kids:
+            for tag, c0, _, _, c3 in kids:
+                if tag in trained_channels:
                     mask[off[c0]:off[c3]] = b"\x01" * (off[c3] - off[c0])
         else:
             mask[body:body_end] = b"\x01" * (body_end - body)
@@ -192,6 +196,13 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
         if rules.end:
             mask[body_end:end] = b"\x01" * (end - body_end)
     return TrainingExample(ids, bytes(mask), tuple(spans), o.effort if o.thinking else None, rules)
+
+
+def _attr(attrs: tuple[tuple[str, str], ...], key: str) -> str | None:
+    for k, v in attrs:
+        if k == key:
+            return v
+    return None
 
 
 class _Top:
@@ -226,28 +237,51 @@ class _SpanSink(IdSink):
         self._open_at: list[int] = []
         self.tops: list[_Top] = []
 
+    # The events repeat IdSink's bodies rather than calling them: they run
+    # for every element of every sample, and the round trips cost more than
+    # the work.
+
     def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
+        chunks = self._chunks
         if not self._tags:
-            self.tops.append(_Top(attrs, len(self._chunks)))
-        self._open_at.append(len(self._chunks))
-        super().open(tag, attrs)
+            self.tops.append(_Top(attrs, len(chunks)))
+        self._open_at.append(len(chunks))
+        ids = self._open((tag, attrs))
+        chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
+        self._tags.append(tag)
 
     def close(self) -> None:
-        tag = self._tags[-1]
-        close = len(self._chunks)
-        super().close()
-        self._closed(tag, self._open_at.pop(), close)
+        tag = self._tags.pop()
+        chunks = self._chunks
+        close = len(chunks)
+        ids = self._close(tag)
+        chunks.append(ids if ids is not None else self._b._close_ids(tag))
+        self._closed(tag, self._open_at.pop(), close, len(self._tags))
 
     def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
-        if not self._tags:
-            self.tops.append(_Top(attrs, len(self._chunks)))
-        start = len(self._chunks)
-        super().element(tag, attrs, text, stable)
-        self._closed(tag, start, len(self._chunks) - 1)
-
-    def _closed(self, tag: str, start: int, close: int) -> None:
-        top = self.tops[-1]
+        chunks = self._chunks
         depth = len(self._tags)
+        start = len(chunks)
+        if not depth:
+            self.tops.append(_Top(attrs, start))
+        ids = self._open((tag, attrs))
+        chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
+        if text:
+            if stable:
+                chunks.append(self._b._stable_ids(text))
+            else:
+                self._slots.append(len(chunks))
+                chunks.append(_NO_IDS)
+                self._texts.append(text)
+        ids = self._close(tag)
+        close = len(chunks)
+        chunks.append(ids if ids is not None else self._b._close_ids(tag))
+        if depth > 1 and tag not in self._exclude:
+            return  # an argument, say: nothing to note
+        self._closed(tag, start, close, depth)
+
+    def _closed(self, tag: str, start: int, close: int, depth: int) -> None:
+        top = self.tops[-1]
         if depth == 0:
             top.close, top.after = close, close + 1
             return
@@ -259,7 +293,7 @@ class _SpanSink(IdSink):
     def end(self) -> None:
         if self.tops and not self._tags:
             self.tops[-1].end = len(self._chunks)
-        super().end()
+        self._chunks.append(self._end)
 
     def spans(self) -> tuple[list[int], list[int]]:
         """The ids, and the id offset of each chunk (one more at the end)."""
