@@ -163,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
                 n += len(e.ids)
         return {"seconds": time.perf_counter() - t0, "own_tokens": n}
 
+    def floor_offsets() -> dict[str, float]:
+        t0 = time.perf_counter()
+        n = 0
+        for ts in texts:
+            for e in tok.encode_batch(ts, add_special_tokens=False):
+                n += len(e.ids)
+        return {"seconds": time.perf_counter() - t0, "own_tokens": n}
+
     def encode_only() -> dict[str, float]:
         t0 = time.perf_counter()
         for r in reqs:
@@ -177,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = {
         "floor": floor,
+        "encode_batch (offsets)": floor_offsets,
         "k3.encode": encode_only,
         "encode_training": training_only,
         "render-dataset, 1 worker": lambda: pipeline(job, src, tmp / "w1.parquet", 1),
@@ -209,11 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         steady = med(lambda r, n=name: r[n]["steady_rows"] / r[n]["steady_seconds"])
         table[name]["steady_rows_per_s"] = round(steady, 1)
     one_over_floor = table[one]["over_floor"]
+    # The floor as the issue words it: encode_batch, which also computes offsets.
+    one_over_encode_batch = round(med(lambda r: r[one]["seconds"] / r["encode_batch (offsets)"]["seconds"]), 3)
     speedup = med(lambda r: r[one]["seconds"] / r[two]["seconds"])
     steady_speedup = med(lambda r: (r[two]["steady_rows"] / r[two]["steady_seconds"])
                          / (r[one]["steady_rows"] / r[one]["steady_seconds"]))
     head = {
         "one_worker_over_floor": one_over_floor, "one_worker_ok": one_over_floor <= TARGET_ONE,
+        "one_worker_over_encode_batch": one_over_encode_batch,
+        "one_worker_ok_against_encode_batch": one_over_encode_batch <= TARGET_ONE,
         "two_workers_speedup": round(speedup, 3), "two_workers_steady_speedup": round(steady_speedup, 3),
         "two_workers_ok": steady_speedup >= TARGET_TWO, "same_bytes_1_and_2_workers": same,
     }
@@ -226,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:28} {v['seconds']:8.2f} {v['rows_per_s']:9,.0f} {v['tokens_per_s']:11,.0f} "
               f"{v['over_floor']:8.2f} {steady_col}")
     print(f"\n  1 worker / floor: {one_over_floor:.2f} (target ≤ {TARGET_ONE}) "
-          f"[{'ok' if head['one_worker_ok'] else 'OVER'}]")
+          f"[{'ok' if head['one_worker_ok'] else 'OVER'}]; against encode_batch (offsets computed, the issue's "
+          f"wording of the floor) {one_over_encode_batch:.2f} "
+          f"[{'ok' if head['one_worker_ok_against_encode_batch'] else 'OVER'}]")
     print(f"  2 workers / 1 worker: {speedup:.2f} end to end, {steady_speedup:.2f} after start-up "
           f"(target ≥ {TARGET_TWO}) [{'ok' if head['two_workers_ok'] else 'UNDER'}]")
     print(f"  same Parquet bytes with 1 and 2 workers: {same} ({rows_written:,} rows)")

@@ -129,6 +129,39 @@ def test_output_is_byte_identical_whatever_the_workers(tmp_path: Path, capsys: p
     assert meta.num_row_groups > 5 and meta.num_rows == 45 - 1 - len(BAD)
 
 
+def test_a_failed_write_is_reported_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch, tiny_tokenizer: str) -> None:
+    # Writes happen in the sink's writer thread; its error must reach the
+    # command as one line, and no partial file may be left as the output.
+    monkeypatch.setattr(dataset, "CHUNK_ROWS", 4)
+    src = tmp_path / "in.jsonl"
+    write_input(src, 30)
+    real = dataset.ParquetSink
+
+    class Failing(real):  # type: ignore[misc, valid-type]
+        def _write(self) -> None:
+            calls = 0
+            write = self.writer.write_table
+
+            def failing(table: Any) -> None:
+                nonlocal calls
+                calls += 1
+                if calls == 2:
+                    raise OSError(28, "No space left on device")
+                write(table)
+
+            self.writer.write_table = failing
+            super()._write()
+
+    monkeypatch.setattr(dataset, "ParquetSink", Failing)
+    out = tmp_path / "out.parquet"
+    code = main(["render-dataset", str(src), "-o", str(out), "--tokenizer", tiny_tokenizer, "--add-markers"])
+    _, err = capsys.readouterr()
+    assert code == 1 and not out.exists() and not (tmp_path / "out.parquet.partial").exists()
+    assert err.startswith("xtml: error: cannot write ") and "No space left on device" in err
+    assert err.count("\n") == 1
+
+
 def test_train_last_and_stdin(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
     reqs = [chat(i) for i in (1, 5, 9)]

@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -69,21 +69,43 @@ class Span(NamedTuple):
         return self.body_end - self.body_start
 
 
-@dataclass(frozen=True, slots=True)
 class TrainingExample:
     """What :func:`encode_training` returns."""
+
+    __slots__ = ("_source", "_spans", "effort", "ids", "mask_bytes", "training")
 
     ids: list[int]
     mask_bytes: bytes
     """The loss mask, one byte (1 or 0) per id: compact, for writers."""
-    spans: tuple[Span, ...]
-    """Each message (``channel=None``) followed by its channels, in id
-    order. The generation prompt, when rendered, is not a span."""
     effort: str | None
     """The thinking effort the request was rendered with; None when thinking
     is off."""
-    training: Training = field(repr=False)
+    training: Training
     """The rules the mask was made with."""
+
+    def __init__(self, ids: list[int], mask_bytes: bytes, effort: str | None, training: Training,
+                 source: _SpanSource) -> None:
+        self.ids = ids
+        self.mask_bytes = mask_bytes
+        self.effort = effort
+        self.training = training
+        self._source: _SpanSource | None = source
+        self._spans: tuple[Span, ...] | None = None
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        """Each message (``channel=None``) followed by its channels, in id
+        order. The generation prompt, when rendered, is not a span. (Made
+        on first use: writing a dataset needs only the ids and the mask.)"""
+        if self._spans is None:
+            assert self._source is not None
+            self._spans = self._source.spans()
+            self._source = None
+        return self._spans
+
+    def __repr__(self) -> str:
+        return (f"TrainingExample(ids=<{len(self.ids)} ids>, trained={self.trained}, effort={self.effort!r}, "
+                f"spans={len(self.spans)})")
 
     @property
     def mask(self) -> list[int]:
@@ -148,7 +170,12 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
     d = template.dialect
     rules = train if isinstance(train, Training) else d.training
     o, msgs = template._prepare(request, options)
-    sink = _SpanSink(template.bind(tokenizer), frozenset(d.channels()), frozenset(rules.exclude))
+    sets = _SETS.get(id(rules))
+    if sets is None or sets[0] is not rules or sets[1] is not d:
+        if len(_SETS) >= 64:
+            _SETS.clear()
+        sets = _SETS[id(rules)] = (rules, d, frozenset(d.channels()), frozenset(rules.exclude))
+    sink = _SpanSink(template.bind(tokenizer), sets[2], sets[3])
     render(d, o, msgs, sink)
     ids, off = sink.spans()
     tops = sink.tops
@@ -165,26 +192,16 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
     trained_channels = rules.channels
 
     mask = bytearray(len(ids))
-    spans: list[Span] = []
-    add = spans.append
-    for t, top in enumerate(tops):
-        if top.close < 0:
-            continue  # the generation prompt
-        role = _attr(top.attrs, role_key) or ""
-        k = t - first
-        index: int | None = None
-        if 0 <= k < n:
-            if role != roles[k]:
-                raise AssertionError(f"rendered message {t} is not message {msgs[k].index}")
-            index = msgs[k].index
-        start, body, body_end, after = off[top.start], off[top.body], off[top.close], off[top.after]
-        end = after + 1 if top.end == top.after else after
-        add(Span(index, role, None, start, end, body, body_end))
-        kids = top.kids
-        for tag, c0, c1, c2, c3 in kids:
-            add(Span(index, role, tag, off[c0], off[c3], off[c1], off[c2]))
-        if index is None or index not in chosen:
+    for k, m in enumerate(msgs):
+        top = tops[first + k]
+        if _attr(top.attrs, role_key) != roles[k]:
+            raise AssertionError(f"rendered message {first + k} is not message {m.index}")
+        if m.index not in chosen:
             continue
+        # Messages the template writes itself (first, and after the last
+        # request message) are never trained.
+        kids = top.kids
+        body, body_end = off[top.body], off[top.close]
         if trained_channels and kids:
             for tag, c0, _, _, c3 in kids:
                 if tag in trained_channels:
@@ -194,8 +211,46 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
         for c0, c3 in top.excluded:
             mask[off[c0]:off[c3]] = bytes(off[c3] - off[c0])
         if rules.end:
+            after = off[top.after]
+            end = after + 1 if top.end == top.after else after
             mask[body_end:end] = b"\x01" * (end - body_end)
-    return TrainingExample(ids, bytes(mask), tuple(spans), o.effort if o.thinking else None, rules)
+    return TrainingExample(ids, bytes(mask), o.effort if o.thinking else None, rules,
+                           _SpanSource(tops, off, first, [m.index for m in msgs], role_key))
+
+
+class _SpanSource:
+    """What :attr:`TrainingExample.spans` is made from, when asked."""
+
+    __slots__ = ("first", "indexes", "off", "role_key", "tops")
+
+    def __init__(self, tops: list[_Top], off: list[int], first: int, indexes: list[int], role_key: str) -> None:
+        self.tops = tops
+        self.off = off
+        self.first = first
+        self.indexes = indexes
+        self.role_key = role_key
+
+    def spans(self) -> tuple[Span, ...]:
+        off, first, indexes = self.off, self.first, self.indexes
+        out: list[Span] = []
+        for t, top in enumerate(self.tops):
+            if top.close < 0:
+                continue  # the generation prompt
+            k = t - first
+            index = indexes[k] if 0 <= k < len(indexes) else None
+            role = _attr(top.attrs, self.role_key) or ""
+            after = off[top.after]
+            end = after + 1 if top.end == top.after else after
+            out.append(Span(index, role, None, off[top.start], end, off[top.body], off[top.close]))
+            for tag, c0, c1, c2, c3 in top.kids:
+                out.append(Span(index, role, tag, off[c0], off[c3], off[c1], off[c2]))
+        return tuple(out)
+
+
+# Per training rules (and their dialect): the element names the span sink
+# looks for. Each entry holds the objects it was made for, so an id reused by
+# another object is told apart.
+_SETS: dict[int, tuple[Training, Dialect, frozenset[str], frozenset[str]]] = {}
 
 
 def _attr(attrs: tuple[tuple[str, str], ...], key: str) -> str | None:
