@@ -176,6 +176,72 @@ def test_train_last_and_stdin(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert r["loss_mask"] == K3.encode_training(training_request(req), k3_vocab(), train="last").mask
 
 
+def test_tables_in_every_layout_render_like_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch, tiny_tokenizer: str) -> None:
+    # A Hugging Face dataset saved to disk, a Parquet file, Parquet shards
+    # and an Arrow file: the same rows give the same samples as JSON lines,
+    # numbered from 0, bad rows reported by row, whatever the workers.
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(dataset, "CHUNK_ROWS", 4)  # several chunks per file
+    reqs = [chat(i) for i in range(1, 23)]
+    table_rows: list[dict[str, Any]] = [
+        {"messages": r["messages"], "thinking_effort": r["thinking_effort"], "source": f"s{i}"}
+        for i, r in enumerate(reqs)]
+    table_rows[5] = {"messages": None, "thinking_effort": "low", "source": "empty"}
+    table_rows[9] = {**table_rows[9], "thinking_effort": "medium"}
+    ds = datasets.Dataset.from_list(table_rows)
+    ds.save_to_disk(str(tmp_path / "hf"))
+    ds.to_parquet(str(tmp_path / "all.parquet"))
+    (tmp_path / "shards").mkdir()
+    ds.select(range(10)).to_parquet(str(tmp_path / "shards" / "train-00000-of-00002.parquet"))
+    ds.select(range(10, len(ds))).to_parquet(str(tmp_path / "shards" / "train-00001-of-00002.parquet"))
+    arrow = next((tmp_path / "hf").glob("*.arrow"))
+    capsys.readouterr()  # datasets' own progress bars
+    tok = ["--tokenizer", tiny_tokenizer, "--add-markers"]
+    want = {i: K3.encode_training(training_request(r), xtml.load_tokenizer(
+        tiny_tokenizer, add_special_tokens=K3.markers.all())) for i, r in enumerate(reqs) if i not in (5, 9)}
+    outs = []
+    for source, workers in ((tmp_path / "hf", "1"), (tmp_path / "all.parquet", "2"), (tmp_path / "shards", "1"),
+                            (arrow, "1")):
+        out = tmp_path / f"{source.name}-{workers}.parquet"
+        errors = tmp_path / "errors.jsonl"
+        code, text, err = run(["render-dataset", str(source), "-o", str(out), *tok, "--workers", workers,
+                               "--errors", str(errors)], capsys)
+        assert code == 1 and err == "" and "rows read      22\n" in text and "rows skipped   2\n" in text
+        assert "row 5: skipped: a request needs 'messages'" in text
+        assert "row 9: skipped: thinking_effort must be one of" in text
+        assert [json.loads(x)["row"] for x in errors.read_text(encoding="utf-8").splitlines()] == [5, 9]
+        table = pq.read_table(out)
+        assert table.column_names[0] == "row"
+        got = table.to_pylist()
+        assert [r["row"] for r in got] == sorted(want)
+        for r in got:
+            assert r["input_ids"] == want[r["row"]].ids and r["loss_mask"] == want[r["row"]].mask
+        outs.append(table)
+    assert all(t.equals(outs[0]) for t in outs)
+
+
+def test_table_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_tokenizer: str) -> None:
+    datasets = pytest.importorskip("datasets")
+    tok = ["--tokenizer", tiny_tokenizer, "--add-markers"]
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"messages": "[]"}]),
+                               "test": datasets.Dataset.from_list([{"messages": "[]"}])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    datasets.Dataset.from_list([{"text": "hello"}]).to_parquet(str(tmp_path / "text.parquet"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    capsys.readouterr()  # datasets' own progress bars
+    for source, message in (("dd", "holds several splits (test, train): give one, e.g. "),
+                            ("text.parquet", "the table has no 'messages' or 'request' column (columns: text)"),
+                            ("empty", "no .parquet or .arrow files in "),
+                            ("junk.parquet", "cannot read "),
+                            ("missing.parquet", "no such file or directory")):
+        code, out, err = run(["render-dataset", str(tmp_path / source), "-o", str(tmp_path / "o.parquet"), *tok],
+                             capsys)
+        assert code == 1 and out == "" and err.startswith("xtml: error: ") and message in err, (source, err)
+        assert err.count("\n") == 1 and not (tmp_path / "o.parquet").exists()
+
+
 def budget_template(tmp_path: Path) -> Path:
     """K3 with tiny think budgets."""
     text = (Path(xtml.__file__).parent / "dialects" / "kimi-k3.toml").read_text(encoding="utf-8")

@@ -44,6 +44,7 @@ EPILOG_RENDER = """examples:
   xtml render-dataset chats.jsonl -o train.parquet --tokenizer path/to/model
   xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --workers 8 --train last --labels
   xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --check-budgets --errors bad.jsonl
+  xtml render-dataset my_dataset/ -o train.parquet --tokenizer tok.json   # saved with Dataset.save_to_disk
 """
 
 EPILOG_LINT = """examples:
@@ -113,6 +114,9 @@ class Report:
     efforts: Counter[str] = field(default_factory=Counter)
     over_by_effort: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    unit: str = "line"
+    """How rows are numbered: ``line`` (of a JSONL file, from 1) or ``row``
+    (of a table, from 0)."""
 
     def add(self, c: Chunk) -> None:
         self.rows += c.rows
@@ -128,10 +132,10 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return {
             "rows": self.rows, "written": self.written, "tokens": self.tokens, "trained": self.trained,
-            "skipped": [{"line": ln, "error": e} for ln, e in self.skipped],
+            "skipped": [{self.unit: ln, "error": e} for ln, e in self.skipped],
             "efforts": {e: {"rows": n, "over_budget": self.over_by_effort.get(e, 0)}
                         for e, n in sorted(self.efforts.items())},
-            "overruns": [{"line": ln, "message": m, "effort": e, "tokens": t, "budget": b}
+            "overruns": [{self.unit: ln, "message": m, "effort": e, "tokens": t, "budget": b}
                          for ln, m, e, t, b in self.overruns],
             "seconds": round(self.seconds, 3),
         }
@@ -195,9 +199,9 @@ def _json_type(v: Any) -> str:
     return {str: "a string", int: "a number", float: "a number", bool: "true or false"}.get(type(v), "null")
 
 
-def _process(lines: list[tuple[int, bytes]]) -> Chunk:
-    """Render one chunk of ``(line number, line)``; bad rows are recorded,
-    never raised."""
+def _process(lines: list[tuple[int, Any]]) -> Chunk:
+    """Render one chunk of ``(number, row)``, a row being a JSON line
+    (bytes) or a table row (a dict); bad rows are recorded, never raised."""
     assert _state is not None, "worker not initialised"
     job, tpl, vocab = _state
     out = Chunk(rows=len(lines))
@@ -205,7 +209,8 @@ def _process(lines: list[tuple[int, bytes]]) -> Chunk:
     mask = bytearray()
     for line, raw in lines:
         try:
-            ex = encode_training(tpl, _request(raw), vocab, train=job.train)
+            req = _request(raw) if type(raw) is bytes else row_request(raw, plain=True)
+            ex = encode_training(tpl, req, vocab, train=job.train)
         except XtmlError as e:
             out.skipped.append((line, str(e)))
             continue
@@ -234,10 +239,119 @@ def _process(lines: list[tuple[int, bytes]]) -> Chunk:
 # -- input -----------------------------------------------------------------------
 
 
-def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, bytes]]]:
+class TableRows:
+    """Rows of a table: a Parquet or Arrow file, or a folder of them — a
+    Hugging Face ``datasets`` dataset saved with ``save_to_disk``, or Parquet
+    shards (read in name order). Rows are numbered from 0 in that order,
+    read a batch at a time, and only the columns a request is made of
+    (``messages`` or ``request``, and the option columns) are read."""
+
+    unit = "row"
+
+    def __init__(self, path: str) -> None:
+        try:
+            import pyarrow as pa  # noqa: F401
+        except ImportError:
+            raise DatasetError("reading tables needs pyarrow: pip install 'xtml[data]'") from None
+        self.path = path
+        self.files = self._files(path)
+        if not self.files:
+            raise DatasetError(f"no .parquet or .arrow files in {path}")
+        self.columns: list[str] | None = None
+
+    @staticmethod
+    def _files(path: str) -> list[str]:
+        if not os.path.isdir(path):
+            return [path]
+        if os.path.exists(os.path.join(path, "dataset_dict.json")):
+            splits = sorted(e for e in os.listdir(path) if os.path.isdir(os.path.join(path, e)))
+            raise DatasetError(f"{path} holds several splits ({', '.join(splits)}): give one, e.g. "
+                               f"{os.path.join(path, splits[0] if splits else 'train')}")
+        state = os.path.join(path, "state.json")
+        if os.path.exists(state):
+            # save_to_disk lists its Arrow files, in order, in state.json.
+            try:
+                with open(state, encoding="utf-8") as f:
+                    files = [d["filename"] for d in json.load(f)["_data_files"]]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise DatasetError(f"cannot read {state}: {e}") from None
+            return [os.path.join(path, f) for f in files]
+        return sorted(os.path.join(path, e) for e in os.listdir(path) if e.endswith((".parquet", ".arrow")))
+
+    def _batches(self, file: str) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            if not file.endswith(".arrow"):
+                pf = pq.ParquetFile(file)
+                cols = self._wanted(pf.schema_arrow.names)
+                yield from pf.iter_batches(batch_size=CHUNK_ROWS, columns=cols)
+                return
+            source = pa.memory_map(file)
+            try:
+                reader: Any = pa.ipc.open_stream(source)  # what save_to_disk writes
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(source)
+                batches: Iterator[Any] = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            else:
+                batches = iter(reader)
+            cols = self._wanted(reader.schema.names)
+            for b in batches:
+                yield b.select(cols)
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"cannot read {file}: {e}") from None
+
+    def _wanted(self, names: list[str]) -> list[str]:
+        from .training import REQUEST_COLUMNS
+
+        cols = [n for n in names if n in REQUEST_COLUMNS]
+        if not cols:
+            raise DatasetError(f"the table has no 'messages' or 'request' column (columns: {', '.join(names)})")
+        return cols
+
+    def total(self) -> int | None:
+        """The number of rows, when the files say it cheaply (Parquet)."""
+        import pyarrow.parquet as pq
+
+        try:
+            if all(not f.endswith(".arrow") for f in self.files):
+                return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in self.files)
+        except Exception:  # the count only feeds the progress bar; reading reports real errors
+            return None
+        return None
+
+    def chunks(self, progress: Any) -> Iterator[list[tuple[int, Any]]]:
+        n = 0
+        for file in self.files:
+            for batch in self._batches(file):
+                for off in range(0, batch.num_rows, CHUNK_ROWS):
+                    rows = batch.slice(off, CHUNK_ROWS).to_pylist()
+                    progress(len(rows))
+                    yield list(enumerate(rows, start=n))
+                    n += len(rows)
+
+
+class JsonLines:
+    """Requests as JSON lines, numbered from 1 as lines of the file."""
+
+    unit = "line"
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+
+    def total(self) -> int | None:
+        """The size in bytes, for a regular file."""
+        return _size(self.f)
+
+    def chunks(self, progress: Any) -> Iterator[list[tuple[int, Any]]]:
+        return _chunks(self.f, progress)
+
+
+def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, Any]]]:
     """Non-blank lines with their 1-based numbers, in chunks; reads the
     input as it goes."""
-    chunk: list[tuple[int, bytes]] = []
+    chunk: list[tuple[int, Any]] = []
     size = 0
     for n, raw in enumerate(f, start=1):
         progress(len(raw))
@@ -252,13 +366,16 @@ def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, bytes]]]:
         yield chunk
 
 
-def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
+def run_job(job: Job, source: IO[bytes] | JsonLines | TableRows, *, workers: int = 1, sink: Any = None,
             progress: Any = None) -> Report:
-    """Render every chunk of ``source`` with ``workers`` processes (1: in
-    this process) and hand the results to ``sink`` in input order.
+    """Render every chunk of ``source`` (a binary file of JSON lines, or a
+    :class:`JsonLines` or :class:`TableRows`) with ``workers`` processes (1:
+    in this process) and hand the results to ``sink`` in input order.
     ``progress`` (optional) is started once the workers are up, then told
-    of bytes read (``advance``) and of each chunk done (``update``)."""
-    report = Report()
+    of what was read (``advance``: bytes of JSON lines, or rows) and of each
+    chunk done (``update``)."""
+    rows = source if isinstance(source, JsonLines | TableRows) else JsonLines(source)
+    report = Report(unit=rows.unit)
     started = time.perf_counter()
     tick = progress.advance if progress is not None else (lambda n: None)
 
@@ -273,7 +390,7 @@ def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
         _init(job, quiet_threads=False)
         if progress is not None:
             progress.start()
-        for chunk in _chunks(source, tick):
+        for chunk in rows.chunks(tick):
             take(_process(chunk))
     else:
         import multiprocessing as mp
@@ -293,7 +410,7 @@ def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
                 progress.start()
             pending: deque[Future[Chunk]] = deque()
             try:
-                for chunk in _chunks(source, tick):
+                for chunk in rows.chunks(tick):
                     pending.append(pool.submit(_process, chunk))
                     if len(pending) >= 2 * workers:
                         take(pending.popleft().result())
@@ -311,8 +428,9 @@ def run_job(job: Job, source: IO[bytes], *, workers: int = 1, sink: Any = None,
 
 
 class ParquetSink:
-    """Writes chunks as Parquet row groups: ``line``, ``input_ids``,
-    ``loss_mask``, optionally ``labels``, ``length`` and ``trained``.
+    """Writes chunks as Parquet row groups: ``line`` (or ``row``, as
+    ``index`` says), ``input_ids``, ``loss_mask``, optionally ``labels``,
+    ``length`` and ``trained``.
 
     Each chunk becomes an Arrow table at once; encoding and writing it to the
     file happen in a writer thread (pyarrow does both without the GIL), so
@@ -320,7 +438,7 @@ class ParquetSink:
     :meth:`close` waits for the writes and raises the first error the writer
     met; a failed write also stops the next call."""
 
-    def __init__(self, path: str, labels: bool) -> None:
+    def __init__(self, path: str, labels: bool, index: str = "line") -> None:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -329,7 +447,7 @@ class ParquetSink:
         self.pa = pa
         self.path = path
         self.labels = labels
-        fields = [("line", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]
+        fields = [(index, pa.int64()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]
         if labels:
             fields.append(("labels", pa.list_(pa.int32())))
         fields += [("length", pa.int32()), ("trained", pa.int32())]
@@ -339,7 +457,7 @@ class ParquetSink:
             # be tried, cost time, and be given up. Min/max statistics of id
             # lists filter nothing; those of the scalar columns can.
             self.writer = pq.ParquetWriter(path, self.schema, use_dictionary=False,
-                                           write_statistics=["line", "length", "trained"])
+                                           write_statistics=[index, "length", "trained"])
         except OSError as e:
             raise DatasetError(f"cannot write {path}: {e}") from None
         self._tables: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -438,8 +556,12 @@ def add_commands(sub: Any) -> None:
     from .cli import TOKENIZER_HELP
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("file", metavar="IN.jsonl",
-                       help="one request per line: a request object or a list of messages (- for stdin)")
+        p.add_argument("file", metavar="IN",
+                       help="a JSONL file, one request per line: a request object or a list of messages (- for "
+                            "stdin); or a table whose rows hold a 'messages' column (a list or JSON text) and "
+                            "option columns, or a 'request' column: a .parquet or .arrow file, or a folder of "
+                            "them (a Hugging Face dataset saved with save_to_disk, or Parquet shards). Table "
+                            "rows are numbered from 0 ('row' in the output), lines from 1 ('line')")
         p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
                        help="built-in template name or template file (default: kimi-k3)")
         p.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
@@ -485,16 +607,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     render = args.command == "render-dataset"
     job = Job(args.template, args.tokenizer, args.add_markers, train=args.train if render else None,
               ids=render, budgets=not render or args.check_budgets)
-    source, close_source = _open_input(args.file)
+    source, opened = _open_input(args.file)
     sink: ParquetSink | None = None
     tmp = ""
     progress: _Progress | None = None
     try:
         if render:
             tmp = f"{args.parquet}.partial"
-            sink = ParquetSink(tmp, args.labels)
+            sink = ParquetSink(tmp, args.labels, index=source.unit)
         if sys.stderr.isatty():
-            progress = _Progress(_size(source))
+            progress = _Progress(source.total())
         try:
             report = run_job(job, source, workers=args.workers, sink=sink, progress=progress)
         finally:
@@ -512,8 +634,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 sink.close()
         if tmp and os.path.exists(tmp):
             os.remove(tmp)
-        if close_source:
-            source.close()
+        if opened is not None:
+            opened.close()
     if args.errors_file:
         _write_errors(args.errors_file, report)
     if getattr(args, "format", "text") == "json":
@@ -523,13 +645,20 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if report.skipped or report.overruns else 0
 
 
-def _open_input(path: str) -> tuple[IO[bytes], bool]:
+def _open_input(path: str) -> tuple[JsonLines | TableRows, IO[bytes] | None]:
+    """The rows of ``path`` and the file to close after: JSON lines (``-``
+    for stdin), or a table (a folder, or a .parquet or .arrow file)."""
     if path == "-":
-        return sys.stdin.buffer, False
+        return JsonLines(sys.stdin.buffer), None
+    if os.path.isdir(path) or path.endswith((".parquet", ".arrow")):
+        if not os.path.exists(path):
+            raise DatasetError(f"cannot read {path}: no such file or directory")
+        return TableRows(path), None
     try:
-        return open(path, "rb"), True
+        f = open(path, "rb")
     except OSError as e:
         raise DatasetError(f"cannot read {path}: {e.strerror or e}") from None
+    return JsonLines(f), f
 
 
 def _size(f: IO[bytes]) -> int | None:
@@ -546,9 +675,9 @@ def _write_errors(path: str, r: Report) -> None:
     try:
         with open(path, "w", encoding="utf-8") as f:
             for line, err in r.skipped:
-                f.write(json.dumps({"line": line, "error": err}, ensure_ascii=False) + "\n")
+                f.write(json.dumps({r.unit: line, "error": err}, ensure_ascii=False) + "\n")
             for line, m, e, t, b in r.overruns:
-                f.write(json.dumps({"line": line, "error": f"message {m}: think channel of {t} tokens is over the "
+                f.write(json.dumps({r.unit: line, "error": f"message {m}: think channel of {t} tokens is over the "
                                     f"{e} budget of {b}", "message": m, "effort": e, "tokens": t,
                                     "budget": b}) + "\n")
     except OSError as e:
@@ -568,10 +697,10 @@ def _write_report(out: TextIO, r: Report, render: bool, budgets: bool, args: arg
         for effort, n in sorted(r.efforts.items()):
             out.write(f"  {effort:<12} {r.over_by_effort.get(effort, 0):,} / {n:,}\n")
     for line, err in r.skipped[:SHOWN]:
-        out.write(f"line {line}: skipped: {err}\n")
+        out.write(f"{r.unit} {line}: skipped: {err}\n")
     if budgets:
         for line, m, e, t, b in r.overruns[:SHOWN]:
-            out.write(f"line {line}: message {m}: think channel of {t:,} tokens is over the {e} budget of {b:,}\n")
+            out.write(f"{r.unit} {line}: message {m}: think channel of {t:,} tokens is over the {e} budget of {b:,}\n")
     hidden = max(0, len(r.skipped) - SHOWN) + (max(0, len(r.overruns) - SHOWN) if budgets else 0)
     if hidden:
         out.write(f"... and {hidden:,} more" + (f" (all in {args.errors_file})" if args.errors_file

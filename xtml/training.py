@@ -386,6 +386,8 @@ def _chosen(train: Train, rules: Training, msgs: list[tuple[int, str]]) -> set[i
 
 # Columns of a row that make up its request; others (ids, sources) are left alone.
 _REQUEST_KEYS = frozenset({"messages", *OPTION_NAMES, "chat_template_kwargs"})
+REQUEST_COLUMNS = _REQUEST_KEYS | {"request"}
+"""The columns of a dataset row that :func:`row_request` reads."""
 
 _loaded: dict[tuple[str, str, bool], tuple[Template, Any]] = {}
 
