@@ -134,3 +134,26 @@ def test_named_tool_choice_and_string_response_format(k3: xtml.Template) -> None
     assert k3.render([U], response_format="json_object").text == k3.render(
         [U], response_format={"type": "json_object"}).text
     assert k3.render([{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]).text == k3.render([U]).text
+
+
+def test_str_subclasses_render_as_their_value(k3: xtml.Template) -> None:
+    # An Enum member with str as its base is what some codebases keep their
+    # prompts and argument strings in; its str() is "Name.MEMBER", its value
+    # is what renders.
+    from enum import Enum
+
+    class Text(str, Enum):  # noqa: UP042 - not StrEnum: its str() is the name, the case at stake
+        HI = "hello"
+        ARGS = '{"city": "Paris"}'
+        RAW = "not json"
+
+    plain = [{"role": "user", "content": "hello"},
+             {"role": "assistant", "content": "hello",
+              "tool_calls": [{"id": "a", "function": {"name": "w", "arguments": '{"city": "Paris"}'}},
+                             {"id": "b", "function": {"name": "w", "arguments": "not json"}}]}]
+    sub = [{"role": "user", "content": Text.HI},
+           {"role": "assistant", "content": [{"type": "text", "text": Text.HI}],
+            "tool_calls": [{"id": "a", "function": {"name": "w", "arguments": Text.ARGS}},
+                           {"id": "b", "function": {"name": "w", "arguments": Text.RAW}}]}]
+    assert k3.render(sub).text == k3.render(plain).text
+    assert k3.normalize(sub) == k3.normalize(plain)

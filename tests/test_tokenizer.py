@@ -121,3 +121,16 @@ def test_embed_segment_is_split_into_marker_ids(k3: xtml.Template, vocab: xtml.V
     assert ids[0] == b.marker_ids["<|media_begin|>"]
     assert ids[-3:] == [b.marker_ids["<|media_pad|>"]] * 2 + [b.marker_ids["<|media_end|>"]]
     assert vocab.decode(ids) == prompt
+
+
+def test_encode_texts_gives_lists_of_its_own(k3: xtml.Template, vocab: xtml.Vocabulary) -> None:
+    # Short texts' ids are cached: what encode_texts hands out must not be
+    # the cached lists, or a caller's change would reach later encodes.
+    req = [{"role": "user", "content": "hello"}]
+    before = k3.encode(req, vocab)
+    a, b = vocab.encode_texts(["hello", "hello"])
+    assert a == b and a is not b
+    a.append(12345)
+    b.clear()
+    assert vocab.encode_texts(["hello"])[0] == a[:-1]
+    assert k3.encode(req, vocab) == before

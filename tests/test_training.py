@@ -355,3 +355,12 @@ def test_map_function_equals_encode_training(reqs: list[dict[str, Any]]) -> None
             else {**r, "add_generation_prompt": False}
         ex = K3.encode_training(want, k3_vocab())
         assert (ids, mask, err) == (ex.ids, ex.mask, "")
+
+
+def test_examples_compare_by_value_and_are_read_only() -> None:
+    vocab = k3_vocab()
+    a, b = K3.encode_training(CHAT, vocab), K3.encode_training(CHAT, vocab)
+    assert a == b and a is not b and a != K3.encode_training(CHAT, vocab, train="last")
+    assert a.spans == b.spans and a.spans is a.spans  # made once, then kept
+    with pytest.raises(AttributeError):
+        a.ids = []  # type: ignore[misc]

@@ -225,9 +225,9 @@ def _process(lines: list[tuple[int, Any]]) -> Chunk:
         out.trained.append(ex.trained)
         out.efforts[ex.effort or "off"] += 1
         if job.ids:
-            # Little-endian int32, as Arrow lays them out; struct packs a
+            # Native-order int32, as Arrow reads the buffer; struct packs a
             # list of ints about twice as fast as array.extend.
-            ids.append(struct.pack(f"<{len(ex.ids)}i", *ex.ids))
+            ids.append(struct.pack(f"={len(ex.ids)}i", *ex.ids))
             mask += ex.mask_bytes
         if job.budgets:
             out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in overruns(ex, tpl.dialect)]

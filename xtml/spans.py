@@ -88,7 +88,7 @@ def encode_spans(binding: Binding, doc: Document | Sequence[Node]) -> EncodedTre
     nodes = doc.nodes if isinstance(doc, Document) else doc
     _walk(binding, nodes, -1, 0, chunks, texts, slots, elements, records, end_chunks)
     if texts:
-        for slot, ids in zip(slots, binding.vocab.encode_texts(texts)):
+        for slot, ids in zip(slots, binding.vocab.ids_of(texts)):
             chunks[slot] = ids
     off = list(accumulate(map(len, chunks), initial=0))
     spans = [

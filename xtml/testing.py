@@ -214,7 +214,9 @@ def _texts(template: Template | None, max_pieces: int, long: bool, huge: bool) -
         st.text(max_size=30),
     ]
     if long:
-        options.append(st.builds(lambda s, k: s * k, piece.filter(bool), st.integers(20, 300)))
+        # Long, not huge: a long piece repeated 300 times would pass 10,000
+        # characters, which only `huge` may.
+        options.append(st.builds(lambda s, k: (s * k)[:9_999], piece.filter(bool), st.integers(20, 300)))
     common = st.one_of(options)
     if not huge:
         return common

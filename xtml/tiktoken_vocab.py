@@ -245,8 +245,8 @@ class TiktokenVocabulary(Vocabulary):
         self._table = self._bytes = table
         self._encode_one = self._enc.encode_ordinary
 
-    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text encoded on its own as ordinary text."""
+    def ids_of(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text encoded on its own as ordinary text (new lists)."""
         # One call per text: encode_ordinary_batch starts a thread pool per
         # call, which costs far more than the encoding of chat-sized texts.
         enc = self._encode_one

@@ -89,9 +89,13 @@ class Vocabulary:
         return frozenset(i for i, special in self._added.values() if special)
 
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text encoded on its own as ordinary text.
+        """Each text encoded on its own as ordinary text (new lists)."""
+        return [list(ids) for ids in self.ids_of(texts)]
 
-        The lists returned may be shared with a cache: do not change them."""
+    def ids_of(self, texts: Sequence[str]) -> list[list[int]]:
+        """:meth:`encode_texts` without the copies: a list returned may be
+        shared with a cache or with another text of the call, and must not
+        be changed. What the encoders use."""
         if not texts:
             return []
         # Short texts (argument values, names, numbers, "true") recur across
@@ -366,19 +370,19 @@ class Binding:
 
     def _segment_ids(self, seg: Segment) -> list[int]:
         if not seg.special:
-            return self.vocab.encode_texts([seg.text])[0] if seg.text else []
+            return self.vocab.ids_of([seg.text])[0] if seg.text else []
         # A special segment is markers and the text between them (an image
         # prompt, say). Its text is trusted template output, never user text.
         out: list[int] = []
         pos = 0
         for m in self._splitter.finditer(seg.text):
             if m.start() > pos:
-                out.extend(self.vocab.encode_texts([seg.text[pos : m.start()]])[0])
+                out.extend(self.vocab.ids_of([seg.text[pos : m.start()]])[0])
             mid = self.marker_ids.get(m.group())
-            out.extend([mid] if mid is not None else self.vocab.encode_texts([m.group()])[0])
+            out.extend([mid] if mid is not None else self.vocab.ids_of([m.group()])[0])
             pos = m.end()
         if pos < len(seg.text):
-            out.extend(self.vocab.encode_texts([seg.text[pos:]])[0])
+            out.extend(self.vocab.ids_of([seg.text[pos:]])[0])
         return out
 
     def _pieces(self, segments: list[Segment]) -> list[int]:
@@ -389,7 +393,7 @@ class Binding:
                 continue
             ids = self._piece.get(seg.text)
             if ids is None:
-                ids = self.vocab.encode_texts([seg.text])[0]
+                ids = self.vocab.ids_of([seg.text])[0]
                 if len(self._piece) < _CACHE_LIMIT and len(seg.text) <= CACHEABLE:
                     self._piece[seg.text] = ids
             out.extend(ids)
@@ -407,7 +411,7 @@ class Binding:
         nodes = doc.nodes if isinstance(doc, Document) else doc
         self._walk(nodes, chunks, texts, slots)
         if texts:
-            for slot, ids in zip(slots, self.vocab.encode_texts(texts)):
+            for slot, ids in zip(slots, self.vocab.ids_of(texts)):
                 chunks[slot] = ids
         return join_ids(chunks)
 
@@ -459,7 +463,7 @@ class Binding:
     def _stable_ids(self, text: str) -> list[int]:
         ids = self._stable.get(text)
         if ids is None:
-            ids = self.vocab.encode_texts([text])[0]
+            ids = self.vocab.ids_of([text])[0]
             if len(self._stable) < 1024:
                 self._stable[text] = ids
         return ids
@@ -608,7 +612,7 @@ class IdSink:
         """The chunks of ids, body text encoded in one batch."""
         chunks = self._chunks
         if self._texts:
-            for slot, ids in zip(self._slots, self._b.vocab.encode_texts(self._texts)):
+            for slot, ids in zip(self._slots, self._b.vocab.ids_of(self._texts)):
                 chunks[slot] = ids
             self._texts = []
         return chunks

@@ -82,26 +82,45 @@ class TrainingExample:
     is off."""
     training: Training
     """The rules the mask was made with."""
+    _source: _SpanSource | None
+    _spans: tuple[Span, ...] | None
 
     def __init__(self, ids: list[int], mask_bytes: bytes, effort: str | None, training: Training,
                  source: _SpanSource) -> None:
-        self.ids = ids
-        self.mask_bytes = mask_bytes
-        self.effort = effort
-        self.training = training
-        self._source: _SpanSource | None = source
-        self._spans: tuple[Span, ...] | None = None
+        init = object.__setattr__  # the instance is read-only once made
+        init(self, "ids", ids)
+        init(self, "mask_bytes", mask_bytes)
+        init(self, "effort", effort)
+        init(self, "training", training)
+        init(self, "_source", source)
+        init(self, "_spans", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: a TrainingExample is read-only")
 
     @property
     def spans(self) -> tuple[Span, ...]:
         """Each message (``channel=None``) followed by its channels, in id
         order. The generation prompt, when rendered, is not a span. (Made
         on first use: writing a dataset needs only the ids and the mask.)"""
-        if self._spans is None:
-            assert self._source is not None
-            self._spans = self._source.spans()
-            self._source = None
-        return self._spans
+        spans: tuple[Span, ...] | None = self._spans
+        if spans is None:
+            source = self._source
+            if source is None:  # another thread made them meanwhile
+                assert self._spans is not None
+                return self._spans
+            spans = source.spans()
+            object.__setattr__(self, "_spans", spans)
+            object.__setattr__(self, "_source", None)
+        return spans
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TrainingExample):
+            return NotImplemented
+        return (self.ids, self.mask_bytes, self.effort, self.training, self.spans) == (
+            other.ids, other.mask_bytes, other.effort, other.training, other.spans)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and the ids are a list
 
     def __repr__(self) -> str:
         return (f"TrainingExample(ids=<{len(self.ids)} ids>, trained={self.trained}, effort={self.effort!r}, "

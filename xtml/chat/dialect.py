@@ -82,6 +82,8 @@ class Body:
         if not self.names:
             return self.plain
         lits = self.literals
+        if len(lits) != len(self.names) + 1:  # made directly, not by compile()
+            lits = Body.compile(self.source, "").literals
         out = [lits[0]]
         for name, lit in zip(self.names, lits[1:]):
             out.append(values[name])

@@ -22,6 +22,7 @@ from ..plugins import ContentExtension
 from ..plugins.image import ImageValue
 from . import jsonfmt
 from .dialect import Dialect
+from .jsonfmt import value_type as value_type  # its former home
 
 OPTION_NAMES = (
     "tools",
@@ -341,13 +342,13 @@ def _arguments(raw: Any, i: int, j: int) -> tuple[list[tuple[str, Any]] | None, 
     string that is not JSON."""
     if raw is None:
         return [], None
-    if type(raw) is str:
+    if isinstance(raw, str):
         if not raw.strip():
             return [], None
         try:
             parsed = json.loads(raw)
         except (json.JSONDecodeError, RecursionError):
-            return None, raw
+            return None, str.__str__(raw)  # plain str, even from a subclass
         if type(parsed) is not dict:
             raise MessageError("tool call arguments must be a JSON object", index=i, path=_args_path(j))
         # Decoded JSON has string keys; only NaN and the infinities (which
@@ -357,12 +358,9 @@ def _arguments(raw: Any, i: int, j: int) -> tuple[list[tuple[str, Any]] | None, 
             if type(v) is float and not math.isfinite(v):
                 raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=_args_path(j))
         return items, None
-    if _is_map(raw):
-        parsed = raw
-    elif isinstance(raw, str):
-        return _arguments(str(raw), i, j)
-    else:
+    if not _is_map(raw):
         raise MessageError("tool call arguments must be a dict or a JSON object string", index=i, path=_args_path(j))
+    parsed = raw
     out: list[tuple[str, Any]] = []
     for k, v in parsed.items():
         if not isinstance(k, str):
@@ -398,6 +396,10 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
     def add_text(s: str) -> None:
         if not s:
             return
+        if type(s) is not str:
+            # A str subclass (an Enum member, say) as its plain value:
+            # renderers tell text from plugin parts by exact type.
+            s = str.__str__(s)
         if split_marks and d.image_placeholder in s:
             pieces = s.split(d.image_placeholder)
             for j, piece in enumerate(pieces):
