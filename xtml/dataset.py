@@ -355,8 +355,8 @@ def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, Any]]]:
     size = 0
     for n, raw in enumerate(f, start=1):
         progress(len(raw))
-        if not raw.strip():
-            continue  # blank lines are not rows
+        if raw.isspace() or not raw:
+            continue  # blank lines are not rows (isspace, unlike strip, copies nothing)
         chunk.append((n, raw))
         size += len(raw)
         if len(chunk) >= CHUNK_ROWS or size >= CHUNK_BYTES:
