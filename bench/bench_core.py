@@ -32,7 +32,7 @@ import xtml
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "core.json"
 
-TARGET_ENCODE = 1.15  # k3.encode / floor
+TARGET_ENCODE = 1.15  # k3.encode / encode_batch of the own texts (the floor)
 TARGET_PARSE = 1.5  # k3.parse / decode
 
 # --------------------------------------------------------------------------
@@ -527,8 +527,9 @@ def headline(cases: list[dict[str, Any]]) -> dict[str, Any]:
             "parse_over_decode": round(p[PARSE]["ratio"], 3),
             "encode_target": TARGET_ENCODE,
             "parse_target": TARGET_PARSE,
-            "encode_ok": e[ENCODE]["ratio"] <= TARGET_ENCODE,
-            "encode_ok_against_encode_batch": c["encode_vs_encode_batch"][ENCODE]["ratio"] <= TARGET_ENCODE,
+            # The target is stated against encode_batch; the fast floor is the stricter reading.
+            "encode_ok": c["encode_vs_encode_batch"][ENCODE]["ratio"] <= TARGET_ENCODE,
+            "encode_ok_strict": e[ENCODE]["ratio"] <= TARGET_ENCODE,
             "parse_ok": p[PARSE]["ratio"] <= TARGET_PARSE,
         }
     return out
@@ -609,17 +610,18 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(c)
 
     head = headline(cases)
-    print(f"=== headline (median of per-round ratios; targets: encode/floor ≤ {TARGET_ENCODE}, "
-          f"parse/decode ≤ {TARGET_PARSE})")
+    print(f"=== headline (median of per-round ratios; targets: encode ≤ {TARGET_ENCODE} x the floor, "
+          f"one encode_batch of the request's own texts; parse ≤ {TARGET_PARSE} x one decode)")
     for name, h in head.items():
-        print(f"  {name}: encode/floor {h['encode_over_floor']:.2f} [{'ok' if h['encode_ok'] else 'OVER'}]  "
-              f"naive/floor {h['naive_over_floor']:.2f} (with render {h['naive_with_render_over_floor']:.2f})  "
-              f"parse/decode {h['parse_over_decode']:.2f} [{'ok' if h['parse_ok'] else 'OVER'}]")
-        print(f"  {'':{len(name)}}  short-text cache emptied: encode/floor {h['encode_cold_cache_over_floor']:.2f}")
-        print(f"  {'':{len(name)}}  against encode_batch (offsets computed, the issue's wording of the floor): "
-              f"encode {h['encode_over_encode_batch']:.2f} "
-              f"[{'ok' if h['encode_ok_against_encode_batch'] else 'OVER'}], "
-              f"cache emptied {h['encode_cold_cache_over_encode_batch']:.2f}")
+        print(f"  {name}: encode/encode_batch {h['encode_over_encode_batch']:.2f} "
+              f"[{'ok' if h['encode_ok'] else 'OVER'}]  parse/decode {h['parse_over_decode']:.2f} "
+              f"[{'ok' if h['parse_ok'] else 'OVER'}]  naive/floor {h['naive_over_floor']:.2f} "
+              f"(with render {h['naive_with_render_over_floor']:.2f})")
+        print(f"  {'':{len(name)}}  stricter floor, encode_batch_fast (no offsets): "
+              f"encode {h['encode_over_floor']:.2f} [{'ok' if h['encode_ok_strict'] else 'OVER'}]")
+        print(f"  {'':{len(name)}}  short-text cache emptied: encode/encode_batch "
+              f"{h['encode_cold_cache_over_encode_batch']:.2f}, encode/encode_batch_fast "
+              f"{h['encode_cold_cache_over_floor']:.2f}")
     elapsed = time.perf_counter() - t0
 
     prof = None

@@ -47,7 +47,7 @@ from xtml.training import encode_training
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "dataset.json"
 
-TARGET_ONE = 1.2  # one worker's time / the floor's
+TARGET_ONE = 1.2  # one worker's time / encode_batch's (the issue's floor)
 TARGET_TWO = 1.7  # two workers' throughput / one worker's
 
 SIZES = [2, 4, 6, 6, 8, 8, 10, 12, 16, 20, 30]
@@ -224,9 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     steady_speedup = med(lambda r: (r[two]["steady_rows"] / r[two]["steady_seconds"])
                          / (r[one]["steady_rows"] / r[one]["steady_seconds"]))
     head = {
-        "one_worker_over_floor": one_over_floor, "one_worker_ok": one_over_floor <= TARGET_ONE,
+        # The target is stated against encode_batch; the fast floor is the stricter reading.
         "one_worker_over_encode_batch": one_over_encode_batch,
-        "one_worker_ok_against_encode_batch": one_over_encode_batch <= TARGET_ONE,
+        "one_worker_ok": one_over_encode_batch <= TARGET_ONE,
+        "one_worker_over_floor": one_over_floor, "one_worker_ok_strict": one_over_floor <= TARGET_ONE,
         "two_workers_speedup": round(speedup, 3), "two_workers_steady_speedup": round(steady_speedup, 3),
         "two_workers_ok": steady_speedup >= TARGET_TWO, "same_bytes_1_and_2_workers": same,
     }
@@ -238,10 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         steady_col = f"{v['steady_rows_per_s']:14,.0f}" if "steady_rows_per_s" in v else ""
         print(f"  {name:28} {v['seconds']:8.2f} {v['rows_per_s']:9,.0f} {v['tokens_per_s']:11,.0f} "
               f"{v['over_floor']:8.2f} {steady_col}")
-    print(f"\n  1 worker / floor: {one_over_floor:.2f} (target ≤ {TARGET_ONE}) "
-          f"[{'ok' if head['one_worker_ok'] else 'OVER'}]; against encode_batch (offsets computed, the issue's "
-          f"wording of the floor) {one_over_encode_batch:.2f} "
-          f"[{'ok' if head['one_worker_ok_against_encode_batch'] else 'OVER'}]")
+    print(f"\n  1 worker / encode_batch (the floor as the issue words it): {one_over_encode_batch:.2f} "
+          f"(target ≤ {TARGET_ONE}) [{'ok' if head['one_worker_ok'] else 'OVER'}]; stricter floor, "
+          f"encode_batch_fast (no offsets): {one_over_floor:.2f} [{'ok' if head['one_worker_ok_strict'] else 'OVER'}]")
     print(f"  2 workers / 1 worker: {speedup:.2f} end to end, {steady_speedup:.2f} after start-up "
           f"(target ≥ {TARGET_TWO}) [{'ok' if head['two_workers_ok'] else 'UNDER'}]")
     print(f"  same Parquet bytes with 1 and 2 workers: {same} ({rows_written:,} rows)")
