@@ -28,7 +28,7 @@ from .chat.dialect import Dialect, Training
 from .chat.render import render
 from .chat.request import OPTION_NAMES
 from .errors import OptionError, XtmlError
-from .tokenizer import _NO_IDS, IdSink, join_ids
+from .tokenizer import IdSink, join_ids
 
 if TYPE_CHECKING:
     from .template import Template, TokenizerLike
@@ -311,48 +311,31 @@ class _SpanSink(IdSink):
         self._open_at: list[int] = []
         self.tops: list[_Top] = []
 
-    # The events repeat IdSink's bodies rather than calling them: they run
-    # for every element of every sample, and the round trips cost more than
-    # the work.
+    # IdSink's methods are called by name, not through super(): these run for
+    # every element of every sample.
 
     def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
-        chunks = self._chunks
+        at = len(self._chunks)
         if not self._tags:
-            self.tops.append(_Top(attrs, len(chunks)))
-        self._open_at.append(len(chunks))
-        ids = self._open((tag, attrs))
-        chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
-        self._tags.append(tag)
+            self.tops.append(_Top(attrs, at))
+        self._open_at.append(at)
+        IdSink.open(self, tag, attrs)
 
     def close(self) -> None:
-        tag = self._tags.pop()
-        chunks = self._chunks
-        close = len(chunks)
-        ids = self._close(tag)
-        chunks.append(ids if ids is not None else self._b._close_ids(tag))
+        tag = self._tags[-1]
+        close = len(self._chunks)
+        IdSink.close(self)
         self._closed(tag, self._open_at.pop(), close, len(self._tags))
 
     def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
-        chunks = self._chunks
         depth = len(self._tags)
-        start = len(chunks)
+        start = len(self._chunks)
         if not depth:
             self.tops.append(_Top(attrs, start))
-        ids = self._open((tag, attrs))
-        chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
-        if text:
-            if stable:
-                chunks.append(self._b._stable_ids(text))
-            else:
-                self._slots.append(len(chunks))
-                chunks.append(_NO_IDS)
-                self._texts.append(text)
-        ids = self._close(tag)
-        close = len(chunks)
-        chunks.append(ids if ids is not None else self._b._close_ids(tag))
+        IdSink.element(self, tag, attrs, text, stable)
         if depth > 1 and tag not in self._exclude:
             return  # an argument, say: nothing to note
-        self._closed(tag, start, close, depth)
+        self._closed(tag, start, len(self._chunks) - 1, depth)
 
     def _closed(self, tag: str, start: int, close: int, depth: int) -> None:
         top = self.tops[-1]
@@ -367,7 +350,7 @@ class _SpanSink(IdSink):
     def end(self) -> None:
         if self.tops and not self._tags:
             self.tops[-1].end = len(self._chunks)
-        self._chunks.append(self._end)
+        IdSink.end(self)
 
     def spans(self) -> tuple[list[int], list[int]]:
         """The ids, and the id offset of each chunk (one more at the end)."""
