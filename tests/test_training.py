@@ -364,3 +364,7 @@ def test_examples_compare_by_value_and_are_read_only() -> None:
     assert a.spans == b.spans and a.spans is a.spans  # made once, then kept
     with pytest.raises(AttributeError):
         a.ids = []  # type: ignore[misc]
+    fresh = K3.encode_training(CHAT, vocab)
+    for ex in (a, fresh):  # spans made, and not yet made
+        back = pickle.loads(pickle.dumps(ex))
+        assert back == b and back.spans == b.spans and back.training == b.training

@@ -250,14 +250,13 @@ class TableRows:
 
     def __init__(self, path: str) -> None:
         try:
-            import pyarrow as pa  # noqa: F401
+            import pyarrow  # noqa: F401
         except ImportError:
             raise DatasetError("reading tables needs pyarrow: pip install 'xtml[data]'") from None
         self.path = path
         self.files = self._files(path)
         if not self.files:
             raise DatasetError(f"no .parquet or .arrow files in {path}")
-        self.columns: list[str] | None = None
 
     @staticmethod
     def _files(path: str) -> list[str]:

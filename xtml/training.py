@@ -86,7 +86,7 @@ class TrainingExample:
     _spans: tuple[Span, ...] | None
 
     def __init__(self, ids: list[int], mask_bytes: bytes, effort: str | None, training: Training,
-                 source: _SpanSource) -> None:
+                 source: _SpanSource | None) -> None:
         init = object.__setattr__  # the instance is read-only once made
         init(self, "ids", ids)
         init(self, "mask_bytes", mask_bytes)
@@ -97,6 +97,10 @@ class TrainingExample:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"cannot assign to field {name!r}: a TrainingExample is read-only")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with its spans made, so the copy needs no span source.
+        return (_example, (self.ids, self.mask_bytes, self.effort, self.training, self.spans))
 
     @property
     def spans(self) -> tuple[Span, ...]:
@@ -235,6 +239,14 @@ def encode_training(template: Template, request: Any, tokenizer: TokenizerLike, 
             mask[body_end:end] = b"\x01" * (end - body_end)
     return TrainingExample(ids, bytes(mask), o.effort if o.thinking else None, rules,
                            _SpanSource(tops, off, first, [m.index for m in msgs], role_key))
+
+
+def _example(ids: list[int], mask_bytes: bytes, effort: str | None, training: Training,
+             spans: tuple[Span, ...]) -> TrainingExample:
+    """A TrainingExample back from a pickle."""
+    ex = TrainingExample(ids, mask_bytes, effort, training, None)
+    object.__setattr__(ex, "_spans", spans)
+    return ex
 
 
 class _SpanSource:

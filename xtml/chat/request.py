@@ -206,14 +206,17 @@ def json_compact(value: Any, where: str) -> str:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
     if json.loads(text) != value:
         check_json_keys(value, where)
-    if key is not None:
-        if len(_compact) >= 256:
+    if key is not None and len(key) <= _COMPACT_MAX:
+        if len(_compact) >= 64:
             _compact.clear()
         _compact[key] = text
     return text
 
 
+# The JSON of recent tool lists and schemas by their marshal bytes: at most
+# 64 of at most 256 kB each, so a server holds a few tens of MB at worst.
 _compact: dict[bytes, str] = {}
+_COMPACT_MAX = 256 << 10
 
 
 def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
