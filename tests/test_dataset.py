@@ -391,3 +391,16 @@ def test_training_doc_command_lines_parse() -> None:
     for ln in lines:
         args = _parser().parse_args(shlex.split(ln)[1:])
         assert args.command in dataset.COMMANDS
+
+
+def test_run_job_leaves_the_callers_collector_as_it_was(tiny_tokenizer: str) -> None:
+    # Workers freeze what they load; the caller's process, forked from,
+    # is frozen only while the pool lives.
+    import gc
+
+    job = dataset.Job("kimi-k3", tiny_tokenizer, add_markers=True)
+    rows = b"".join(json.dumps(chat(i)).encode() + b"\n" for i in range(12))
+    before = gc.get_freeze_count()
+    for workers in (1, 2):
+        report = dataset.run_job(job, io.BytesIO(rows), workers=workers)
+        assert report.written == 12 and gc.get_freeze_count() == before

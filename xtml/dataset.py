@@ -174,11 +174,12 @@ def _init(job: Job, quiet_threads: bool) -> None:
         _vocabs[key] = vocab
     tpl.bind(vocab)  # a tokenizer that does not fit fails here, once
     _state = (job, tpl, vocab)
-    # What was just loaded lives as long as the process: keep the collector
-    # from walking it again on every collection of the render loop (after a
-    # collection, so no garbage is kept for good).
-    gc.collect()
-    gc.freeze()
+    if quiet_threads:
+        # A worker process of ours: what it loaded lives as long as it does,
+        # so the collector need not walk it again on every collection of the
+        # render loop (frozen after a collection: no garbage is kept).
+        gc.collect()
+        gc.freeze()
 
 
 def _request(raw: bytes) -> Any:
@@ -398,12 +399,23 @@ def run_job(job: Job, source: IO[bytes] | JsonLines | TableRows, *, workers: int
         # and share the tokenizer it loaded. They are forked before any other
         # thread of ours exists (the progress bar's starts after), so no lock
         # can be copied held. Elsewhere they start afresh and load their own.
+        frozen = False
         if sys.platform == "linux":
             _init(job, quiet_threads=False)
             ctx = mp.get_context("fork")
+            # Frozen, the objects the forks share stay out of the collector's
+            # walks in every worker, and their memory pages stay shared rather
+            # than copied. This process is the caller's: thawed at the end.
+            gc.collect()
+            gc.freeze()
+            frozen = True
         else:
             ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(job, True)) as pool:
+        with contextlib.ExitStack() as stack:
+            if frozen:
+                stack.callback(gc.unfreeze)  # after the pool has shut down
+            pool = stack.enter_context(
+                ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(job, True)))
             pool.submit(int).result()  # with fork, every worker starts on the first task
             if progress is not None:
                 progress.start()
