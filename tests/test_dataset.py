@@ -404,3 +404,28 @@ def test_run_job_leaves_the_callers_collector_as_it_was(tiny_tokenizer: str) -> 
     for workers in (1, 2):
         report = dataset.run_job(job, io.BytesIO(rows), workers=workers)
         assert report.written == 12 and gc.get_freeze_count() == before
+
+
+def test_compressed_jsonl_and_a_cut_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        tiny_tokenizer: str) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    src = tmp_path / "in.jsonl"
+    write_input(src, 20)
+    data = src.read_bytes()
+    tok = ["--tokenizer", tiny_tokenizer, "--add-markers"]
+    code, _, _ = run(["render-dataset", str(src), "-o", str(tmp_path / "plain.parquet"), *tok], capsys)
+    want = (tmp_path / "plain.parquet").read_bytes()
+    for suffix, pack in ((".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)):
+        packed = tmp_path / f"in.jsonl{suffix}"
+        packed.write_bytes(pack(data))
+        out = tmp_path / f"out{suffix}.parquet"
+        code2, text, _ = run(["render-dataset", str(packed), "-o", str(out), *tok], capsys)
+        assert code2 == code == 1 and "rows skipped   4\n" in text and out.read_bytes() == want
+        cut = tmp_path / f"cut.jsonl{suffix}"
+        cut.write_bytes(pack(data)[: len(pack(data)) // 2])
+        code3, text3, err = run(["render-dataset", str(cut), "-o", str(tmp_path / "cut.parquet"), *tok], capsys)
+        assert code3 == 1 and text3 == "" and err.startswith(f"xtml: error: cannot read {cut}: ")
+        assert err.count("\n") == 1 and not (tmp_path / "cut.parquet").exists()

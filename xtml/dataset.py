@@ -19,18 +19,20 @@ import argparse
 import contextlib
 import gc
 import json
+import lzma
 import os
 import queue
 import struct
 import sys
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import IO, Any, TextIO
+from typing import IO, Any, TextIO, cast
 
 from .cliargs import at_least
 from .errors import XtmlError
@@ -337,15 +339,19 @@ class JsonLines:
 
     unit = "line"
 
-    def __init__(self, f: IO[bytes]) -> None:
+    def __init__(self, f: IO[bytes], name: str = "the input") -> None:
         self.f = f
+        self.name = name
 
     def total(self) -> int | None:
         """The size in bytes, for a regular file."""
         return _size(self.f)
 
     def chunks(self, progress: Any) -> Iterator[list[tuple[int, Any]]]:
-        return _chunks(self.f, progress)
+        try:
+            yield from _chunks(self.f, progress)
+        except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # a cut or corrupt compressed file, say
+            raise DatasetError(f"cannot read {self.name}: {e}") from None
 
 
 def _chunks(f: IO[bytes], progress: Any) -> Iterator[list[tuple[int, Any]]]:
@@ -568,11 +574,12 @@ def add_commands(sub: Any) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", metavar="IN",
-                       help="a JSONL file, one request per line: a request object or a list of messages (- for "
-                            "stdin); or a table whose rows hold a 'messages' column (a list or JSON text) and "
-                            "option columns, or a 'request' column: a .parquet or .arrow file, or a folder of "
-                            "them (a Hugging Face dataset saved with save_to_disk, or Parquet shards). Table "
-                            "rows are numbered from 0 ('row' in the output), lines from 1 ('line')")
+                       help="a JSONL file (.gz, .bz2 and .xz read too), one request per line: a request object "
+                            "or a list of messages (- for stdin); or a table whose rows hold a 'messages' column "
+                            "(a list or JSON text) and option columns, or a 'request' column: a .parquet or "
+                            ".arrow file, or a folder of them (a Hugging Face dataset saved with save_to_disk, or "
+                            "Parquet shards). Table rows are numbered from 0 ('row' in the output), lines from 1 "
+                            "('line')")
         p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
                        help="built-in template name or template file (default: kimi-k3)")
         p.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
@@ -660,16 +667,27 @@ def _open_input(path: str) -> tuple[JsonLines | TableRows, IO[bytes] | None]:
     """The rows of ``path`` and the file to close after: JSON lines (``-``
     for stdin), or a table (a folder, or a .parquet or .arrow file)."""
     if path == "-":
-        return JsonLines(sys.stdin.buffer), None
+        return JsonLines(sys.stdin.buffer, "standard input"), None
     if os.path.isdir(path) or path.endswith((".parquet", ".arrow")):
         if not os.path.exists(path):
             raise DatasetError(f"cannot read {path}: no such file or directory")
         return TableRows(path), None
     try:
-        f = open(path, "rb")
+        if path.endswith(".gz"):
+            import gzip
+
+            f: IO[bytes] = cast(IO[bytes], gzip.open(path, "rb"))
+        elif path.endswith(".bz2"):
+            import bz2
+
+            f = cast(IO[bytes], bz2.open(path, "rb"))
+        elif path.endswith(".xz"):
+            f = cast(IO[bytes], lzma.open(path, "rb"))
+        else:
+            f = open(path, "rb")
     except OSError as e:
         raise DatasetError(f"cannot read {path}: {e.strerror or e}") from None
-    return JsonLines(f), f
+    return JsonLines(f, path), f
 
 
 def _size(f: IO[bytes]) -> int | None:
