@@ -31,9 +31,7 @@ class AudioExtension(ContentExtension):
 
     def __init__(self, settings: Mapping[str, Any], where: str) -> None:
         s = Settings(settings, where, _KEYS)
-        types = s.types("part_types", ["audio", "input_audio"])
-        self.part_types = ("audio", *(t for t in types if t != "audio"))
-        self.input_types = types
+        self.part_types, self.input_types = s.part_types("audio", ["audio", "input_audio"])
         self.read_files = s.flag("read_files", False)
         self.decimals = s.num("decimals", 2, integer=True, minimum=0)
         self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9)

@@ -48,10 +48,8 @@ class ImageExtension(ContentExtension):
     def __init__(self, settings: Mapping[str, Any], where: str) -> None:
         s = Settings(settings, where, _KEYS)
         self.placeholder = s.text("placeholder")
-        types = s.types("part_types", ["image"])
         # "image" is the normal form's own spelling, whatever the template calls it.
-        self.input_types = types
-        self.part_types = ("image", *(t for t in types if t != "image"))
+        self.part_types, self.input_types = s.part_types("image", ["image"])
         raw = settings.get("prompt", _NEVER)
         if not isinstance(raw, str):
             raise TemplateError("prompt must be a regular expression string", location=f"{where}.prompt")

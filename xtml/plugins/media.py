@@ -41,6 +41,12 @@ class Settings:
             raise TemplateError(f"{key} cannot claim the text part types", location=f"{self.where}.{key}")
         return tuple(v)
 
+    def part_types(self, own: str, default: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(part types the plugin owns, led by ``own``; the types it reads)
+        from the ``part_types`` setting."""
+        types = self.types("part_types", default)
+        return (own, *(t for t in types if t != own)), types
+
     def num(self, key: str, default: float | None = None, *, integer: bool = False, minimum: float = 0) -> Any:
         v = self.s.get(key, default)
         ok = isinstance(v, int) if integer else isinstance(v, int | float)

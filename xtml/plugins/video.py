@@ -30,9 +30,7 @@ class VideoExtension(ContentExtension):
 
     def __init__(self, settings: Mapping[str, Any], where: str) -> None:
         s = Settings(settings, where, _KEYS)
-        types = s.types("part_types", ["video", "video_url"])
-        self.part_types = ("video", *(t for t in types if t != "video"))
-        self.input_types = types
+        self.part_types, self.input_types = s.part_types("video", ["video", "video_url"])
         self.grid = Grid.from_settings(s)
         self.sample_fps = s.num("sample_fps", 2.0, minimum=1e-9)
         self.max_frames = s.num("max_frames", 64, integer=True, minimum=1)
