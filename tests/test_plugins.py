@@ -25,7 +25,7 @@ from xtml.chat.dialect import builtin_files
 from xtml.markup.sink import MarkupSink
 from xtml.plugins import ContentExtension, Context
 from xtml.plugins.media import Grid
-from xtml.validate import validate
+from xtml.testing.validate import validate
 
 BASE = xtml.load("xtml-base")
 K3_TEXT = builtin_files()["kimi-k3"].read_text(encoding="utf-8")

@@ -19,7 +19,7 @@ from tests.conftest import deepseek_path
 from tests.test_cli import run
 from xtml.chat import dialect as dialect_mod
 from xtml.chat.dialect import BUILTIN, builtin_files, from_dict
-from xtml.validate import validate
+from xtml.testing.validate import validate
 
 ROOT = Path(__file__).parent.parent
 DOC = (ROOT / "docs" / "templates.md").read_text(encoding="utf-8")
@@ -323,7 +323,7 @@ def test_inspect_counts_tokens_per_message_and_channel(tmp_path: Path, vocab: xt
     assert code == 0
     heads = [ln for ln in out.splitlines() if ln.startswith("── message")]
     assert [h.split(" · ")[1] for h in heads] == ["system (thinking-effort)", "user", "assistant"]
-    from xtml.inspect import tokens
+    from xtml.cli.inspect import tokens
 
     toks = tokens(xtml.load(), req, vocab)
     assert [t.id for t in toks] == xtml.load().encode(req, vocab)

@@ -1,4 +1,4 @@
-"""The public fuzzing kit: xtml.testing strategies and checks, and xtml.fuzz.run.
+"""The public fuzzing kit: xtml.testing strategies and checks, and xtml.cli.fuzz.run.
 
 Small example counts: this file is about the kit itself; test_properties.py
 fuzzes the K3 template in depth.
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import xtml
 from tests.conftest import k3_vocab, tiny_tokenizer_json
-from xtml import fuzz
 from xtml import testing as xt
 from xtml.chat.dialect import from_dict
+from xtml.cli import fuzz
 from xtml.markup import build, lex_text
 from xtml.markup.grammar import parse_lexemes
 from xtml.markup.markers import OPEN
@@ -136,7 +136,7 @@ def _body(request: dict[str, Any]) -> dict[str, Any]:
 # -- the module is optional ------------------------------------------------------
 
 def test_import_xtml_does_not_import_the_testing_kit() -> None:
-    code = ("import sys, xtml, xtml.fuzz, xtml.cli; "
+    code = ("import sys, xtml, xtml.cli.fuzz, xtml.cli; "
             "bad = [m for m in ('xtml.testing', 'hypothesis') if m in sys.modules]; "
             "assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -23,8 +23,8 @@ import xtml
 from tests.conftest import deepseek_path, load_cases, request_of
 from tests.strategies import requests
 from tests.test_cli import EXAMPLE, run
-from xtml.tiktoken_vocab import KIMI_PATTERN, RESERVED_NAME, TiktokenVocabulary
-from xtml.tokenizer import _byte_to_char
+from xtml.vocab.tiktoken import KIMI_PATTERN, RESERVED_NAME, TiktokenVocabulary
+from xtml.vocab.vocabulary import _byte_to_char
 
 K3 = xtml.load("kimi-k3")
 MARKERS = K3.markers.all()
@@ -410,7 +410,7 @@ def test_qwen_folder_with_its_special_tokens(tmp_path: Path) -> None:
 
 
 def test_validate_checks_markers_against_a_tiktoken_folder(folder: Path, tmp_path: Path) -> None:
-    from xtml.validate import validate
+    from xtml.testing.validate import validate
 
     report = validate("kimi-k3", tokenizer=folder, examples=20)
     assert report.valid, [f.line_text() for f in report.findings]

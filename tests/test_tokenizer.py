@@ -81,7 +81,7 @@ def test_saved_truncation_padding_and_post_processor_leave_ids_alone(k3: xtml.Te
 
 
 def test_short_text_cache_gives_the_tokenizers_ids(vocab: xtml.Vocabulary) -> None:
-    from xtml.tokenizer import SHORT_TEXT
+    from xtml.vocab.vocabulary import SHORT_TEXT
 
     texts = ["true", "4", "x" * SHORT_TEXT, "y" * (SHORT_TEXT + 1), "true", "", " 4", "4"]
     fresh = [vocab.tokenizer.encode(t, add_special_tokens=False).ids for t in texts]

@@ -17,9 +17,9 @@ from tests.strategies import documents
 from xtml.chat.dialect import Training
 from xtml.markup.nodes import Element
 from xtml.markup.segments import to_text
-from xtml.spans import encode_spans
 from xtml.testing import requests
 from xtml.training import IGNORE_INDEX, MapFunction, TrainingExample, overruns
+from xtml.vocab.spans import encode_spans
 
 K3 = xtml.load("kimi-k3")
 BASE = xtml.load("xtml-base")

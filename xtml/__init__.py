@@ -18,9 +18,10 @@ from .errors import (
     XtmlError,
 )
 from .markup.segments import Segment
-from .stream import StreamEvent, StreamParser
+from .serving.stream import StreamEvent, StreamParser
 from .template import Rendered, Template, load
-from .tokenizer import Vocabulary, load_tokenizer
+from .vocab.load import load_tokenizer
+from .vocab.vocabulary import Vocabulary
 
 __version__ = "0.1.0"
 

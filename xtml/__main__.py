@@ -1,5 +1,5 @@
 """``python -m xtml``: the ``xtml`` command."""
 
-from .cli import entry
+from .cli.main import entry
 
 entry()

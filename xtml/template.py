@@ -11,7 +11,7 @@ import os
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .chat.dialect import Dialect, load_dialect
 from .chat.parse import parse_completion, parse_conversation
@@ -23,11 +23,11 @@ from .markup.markers import CLOSE, END, SEP, TEXT
 from .markup.nodes import Diagnostic, Document, Element
 from .markup.parse import Lexemes, build, lex_text, line_col
 from .markup.segments import Segment, to_segments
-from .stream import StreamParser
-from .tokenizer import Binding, Vocabulary, load_tokenizer
-
-if TYPE_CHECKING:
-    from .training import TrainingExample
+from .serving.stream import StreamParser
+from .training.masks import TrainingExample, encode_example
+from .vocab.binding import Binding
+from .vocab.load import load_tokenizer
+from .vocab.vocabulary import Vocabulary
 
 __all__ = ["Rendered", "Template", "load"]
 
@@ -67,12 +67,7 @@ class Template:
     # -- render ------------------------------------------------------------------
 
     def _prepare(self, request: Any, options: dict[str, Any]) -> tuple[Options, list[Msg]]:
-        try:
-            return prepare(self.dialect, request, options)
-        except RecursionError:
-            # Only a pathologically nested request gets here (JSON values deeper
-            # than Python's recursion limit).
-            raise RequestError("the request is nested too deeply") from None
+        return prepare(self.dialect, request, options)
 
     def document(self, request: Any, **options: Any) -> Document:
         """The markup tree of a request."""
@@ -107,9 +102,7 @@ class Template:
         """Ids (as :meth:`encode`), loss mask and message/channel spans of a
         request; ``train`` overrides what the template trains (see
         :func:`xtml.training.encode_training`)."""
-        from .training import encode_training
-
-        return encode_training(self, request, tokenizer, train=train, **options)
+        return encode_example(self.dialect, self.bind(tokenizer), request, train=train, options=options)
 
     def bind(self, tokenizer: TokenizerLike) -> Binding:
         """The binding of this template's markers to ``tokenizer`` (cached)."""

@@ -19,9 +19,8 @@ from typing import Any
 from ..errors import TemplateError
 from ..markup.header import is_name
 from ..markup.markers import Markers
-from ..plugins import ContentExtension
 from ..plugins import get as get_plugin
-from ..plugins.channels import ChannelExtension
+from ..plugins.api import ChannelExtension, ContentExtension
 from ..plugins.image import ImageExtension
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")

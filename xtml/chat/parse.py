@@ -13,9 +13,8 @@ from typing import Any
 
 from ..errors import ParseError
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
-from ..plugins import Context, check_attributes
+from ..plugins.api import Context, call_id, check_attributes
 from .dialect import Dialect, SystemMessage
-from .render import call_id
 
 
 class Reader:
@@ -24,7 +23,7 @@ class Reader:
 
     def __init__(self, d: Dialect, lenient: bool) -> None:
         self.d = d
-        self.n = d.names
+        self.n = self.names = d.names
         self.lenient = lenient
         self.diags: list[Diagnostic] = []
         self.ctx = Context(None, lambda message, kind: self.problem(None, message, kind))

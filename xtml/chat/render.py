@@ -12,17 +12,9 @@ from typing import Any
 from ..errors import TemplateError
 from ..markup.nodes import Node
 from ..markup.sink import Attrs, MarkupSink, TreeBuilder
-from ..plugins import ContentExtension, Context, check_attributes
-from . import jsonfmt
+from ..plugins.api import ContentExtension, Context, call_id, check_attributes
 from .dialect import Dialect
-from .request import Call, Msg, Options, Part, deep_sort, json_compact
-
-
-def call_id(pos: int, k: int) -> str:
-    """The id the normal form gives call ``k`` (1-based) of the assistant
-    message at position ``pos``: ids are not in the tokens, so they are made
-    up the same way on both sides."""
-    return f"call_{pos}_{k}"
+from .request import Msg, Options, Part, deep_sort, json_compact
 
 
 class _Guard:
@@ -92,6 +84,18 @@ class RenderState:
         self.o = o
         self.sink: MarkupSink = sink if sink is not None else TreeBuilder()
         self.ctx = Context(o)
+
+    @property
+    def names(self) -> dict[str, str]:
+        return self.d.names
+
+    @property
+    def thinking(self) -> bool:
+        return self.o.thinking
+
+    @property
+    def json_fallback_type(self) -> str:
+        return self.d.json_fallback_type
 
     def body(self, parts: list[Part]) -> None:
         """Text and plugin parts, in order."""
@@ -178,12 +182,6 @@ def content_value(parts: list[Part], ctx: Context) -> str | list[dict[str, Any]]
         elif p:
             out.append({"type": "text", "text": p})
     return out
-
-
-def arguments_json(c: Call) -> str:
-    if c.args is None:
-        return c.raw or ""
-    return jsonfmt.arguments(dict(c.args))
 
 
 def normal_form(d: Dialect, o: Options, msgs: list[Msg]) -> dict[str, Any]:

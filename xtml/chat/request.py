@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError
-from ..plugins import ContentExtension
+from ..plugins import jsonfmt
+from ..plugins.api import ContentExtension
 from ..plugins.image import ImageValue
-from . import jsonfmt
+from ..plugins.jsonfmt import value_type as value_type  # its former home
 from .dialect import Dialect
-from .jsonfmt import value_type as value_type  # its former home
 
 OPTION_NAMES = (
     "tools",
@@ -450,6 +450,15 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
 
 def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Options, list[Msg]]:
     """Check a request and resolve it into messages ready to render."""
+    try:
+        return _prepare(d, request, options)
+    except RecursionError:
+        # Only a pathologically nested request gets here (JSON values deeper
+        # than Python's recursion limit).
+        raise RequestError("the request is nested too deeply") from None
+
+
+def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Options, list[Msg]]:
     raw_messages, opts = split_request(request, options)
     o = resolve_options(d, opts)
     split_marks = o.image_prompts is not None

@@ -34,148 +34,23 @@ anything of a plugin but ``configure``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import TemplateError
-
-if TYPE_CHECKING:
-    from hypothesis.strategies import SearchStrategy
-
-    from ..markup.nodes import Element
-    from ..markup.sink import MarkupSink
+from .api import (
+    ATTRIBUTE_TYPES,
+    CallView,
+    ChannelExtension,
+    ContentExtension,
+    Context,
+    MessageView,
+    Plugin,
+    ReadView,
+    RenderView,
+    check_attributes,
+)
 
 GROUP = "xtml.plugins"
-
-
-@runtime_checkable
-class Plugin(Protocol):
-    """What a template's ``[plugins.NAME]`` table is handed to."""
-
-    name: str
-
-    def configure(self, settings: Mapping[str, Any], where: str) -> Any:
-        """The checked configuration for ``settings``."""
-
-
-class Context:
-    """Per-request state, for one render, normal form or parse."""
-
-    __slots__ = ("options", "problem", "state")
-
-    def __init__(self, options: Any = None, problem: Callable[[str, str], None] | None = None) -> None:
-        self.options = options
-        """The resolved request options (render and normal form), or None (parse)."""
-        self.state: dict[str, Any] = {}
-        """Plugin-owned state, keyed by plugin name."""
-        self.problem = problem or _raise
-        """Report a problem found while reading: ``problem(message, kind)``.
-        Strict parses raise, lenient ones record a diagnostic."""
-
-    def of(self, name: str) -> Any:
-        """The state of plugin ``name`` (a dict made on first use)."""
-        st = self.state.get(name)
-        if st is None:
-            st = self.state[name] = {}
-        return st
-
-
-def _raise(message: str, kind: str) -> None:
-    raise ValueError(message)
-
-
-ATTRIBUTE_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-
-
-def check_attributes(ext: ContentExtension, tag: str, attrs: tuple[tuple[str, str], ...]) -> str | None:
-    """Why ``attrs`` do not fit what ``ext`` declares for ``tag``, or None."""
-    spec = ext.attributes.get(tag)
-    if spec is None:
-        return None
-    seen: set[str] = set()
-    for k, v in attrs:
-        typ = spec.get(k)
-        if typ is None:
-            return f"{tag!r} takes no attribute {k!r} (it takes {', '.join(spec) or 'none'})"
-        if k in seen:
-            return f"attribute {k!r} given twice"
-        seen.add(k)
-        if not _fits(v, typ):
-            return f"attribute {k!r} of {tag!r} must be {ATTRIBUTE_TYPES.get(typ, typ.__name__)}, not {v!r}"
-    return None
-
-
-def _fits(v: str, typ: type) -> bool:
-    if typ is str:
-        return True
-    if typ is bool:
-        return v in ("true", "false")
-    try:
-        typ(v)
-    except ValueError:
-        return False
-    return typ is not float or v.strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity")
-
-
-class ContentExtension:
-    """What a content plugin's ``configure`` returns. Override what applies;
-    the defaults own nothing."""
-
-    name: str = ""
-    part_types: tuple[str, ...] = ()
-    """Content-part ``type`` values this extension renders (the first is
-    the type parse gives back)."""
-    elements: tuple[str, ...] = ()
-    """Element names it owns inside a message body."""
-    attributes: Mapping[str, Mapping[str, type]] = {}
-    """For each owned element, the attributes it may carry and the type of
-    each value (``str``, ``int``, ``float`` or ``bool``). Checked when the
-    plugin renders one and before :meth:`read_element` sees one."""
-    embeds: bool = False
-    """Whether it reads embeds back (see :meth:`read_embed`)."""
-    markers: tuple[str, ...] = ()
-    """Strings it writes as markers (a pad, a placeholder): each must be one
-    of the template's markers, so a tokenizer gives it one special id."""
-    grammar: str | None = None
-    """A Lark fragment added to the reference grammar (``%extend`` a rule or
-    terminal of ``grammar/xtml.lark``); the combined grammar must build as a
-    strict LALR parser."""
-
-    def prepare(self, part: Mapping[str, Any]) -> Any:
-        """Check an input part and resolve what rendering needs; raise
-        ValueError with a message for a bad part."""
-        return dict(part)
-
-    def render(self, value: Any, out: MarkupSink, ctx: Context) -> None:
-        """Emit the markup of one prepared part."""
-        raise NotImplementedError(f"plugin {self.name!r} renders no parts")
-
-    def normal(self, value: Any, ctx: Context) -> dict[str, Any]:
-        """The part as parse will give it back."""
-        return {"type": self.part_types[0]} if self.part_types else {}
-
-    def read_element(self, el: Element, ctx: Context) -> dict[str, Any] | None:
-        """The part an owned element stands for (raise ValueError if malformed)."""
-        return None
-
-    def read_embed(self, raw: str, ctx: Context) -> dict[str, Any] | None:
-        """The part an embed stands for, or None if it is not this plugin's."""
-        return None
-
-    def finish_render(self, ctx: Context) -> None:
-        """After a request is rendered: check what spans parts (counts)."""
-
-    def finish_normal(self, request: dict[str, Any], ctx: Context) -> None:
-        """After the normal form is built: request-level rewrites."""
-
-    def finish_parse(self, request: dict[str, Any], ctx: Context) -> None:
-        """After a parse: request-level results (an option, say)."""
-
-    def strategy(self) -> SearchStrategy[dict[str, Any]] | None:
-        """Hypothesis strategy for parts this extension renders."""
-        return None
-
 
 _explicit: dict[str, Plugin] = {}
 _found: dict[str, Plugin] | None = None
@@ -240,4 +115,5 @@ def get(name: str, where: str) -> Plugin:
     raise TemplateError(f"plugin {name!r} is not installed (installed: {have})", location=where)
 
 
-__all__ = ["GROUP", "ContentExtension", "Context", "Plugin", "get", "installed", "use"]
+__all__ = ["ATTRIBUTE_TYPES", "GROUP", "CallView", "ChannelExtension", "ContentExtension", "Context", "MessageView",
+           "Plugin", "ReadView", "RenderView", "check_attributes", "get", "installed", "use"]

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import ContentExtension, Context
+from .api import ContentExtension, Context
 from .media import PromptFormat, Settings, b64, data_bytes, local_path, positive_number, reference, wav_seconds
 
 if TYPE_CHECKING:

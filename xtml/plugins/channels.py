@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..chat import jsonfmt
 from ..errors import MessageError, TemplateError
-
-if TYPE_CHECKING:
-    from ..chat.parse import Reader
-    from ..chat.render import RenderState
-    from ..chat.request import Call, Msg
-    from ..markup.nodes import Element
+from ..markup.nodes import Element, Text
+from .api import CallView, ChannelExtension, MessageView, ReadView, RenderView, arguments_json, call_id, jsonfmt
 
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "number": (int, float),
@@ -30,27 +25,6 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "object": dict,
     "array": list,
 }
-
-
-class ChannelExtension:
-    """One channel of an assistant message."""
-
-    name = ""
-    """The channel's key in ``[names]`` and ``[channels] order``."""
-    field_order = 0
-    """Where its fields go in a message dict (content, reasoning, calls)."""
-
-    def render(self, m: Msg, s: RenderState) -> None:
-        """Emit the channel for message ``m`` (or nothing)."""
-        raise NotImplementedError
-
-    def normal(self, m: Msg, pos: int, s: RenderState, out: dict[str, Any]) -> None:
-        """Add what the channel means to ``out``, the message's normal form."""
-        raise NotImplementedError
-
-    def read(self, el: Element | None, msg: dict[str, Any], r: Reader, pos: int, path: str) -> None:
-        """Read the channel's element (None when absent) into ``msg``."""
-        raise NotImplementedError
 
 
 class _Plugin:
@@ -68,15 +42,15 @@ class Think(ChannelExtension):
     name = "think"
     field_order = 1
 
-    def render(self, m: Msg, s: RenderState) -> None:
-        if s.o.thinking:
-            s.sink.element(s.d.names["think"], (), m.reasoning)
+    def render(self, m: MessageView, s: RenderView) -> None:
+        if s.thinking:
+            s.sink.element(s.names["think"], (), m.reasoning)
 
-    def normal(self, m: Msg, pos: int, s: RenderState, out: dict[str, Any]) -> None:
+    def normal(self, m: MessageView, pos: int, s: RenderView, out: dict[str, Any]) -> None:
         if m.reasoning:
             out["reasoning_content"] = m.reasoning
 
-    def read(self, el: Element | None, msg: dict[str, Any], r: Reader, pos: int, path: str) -> None:
+    def read(self, el: Element | None, msg: dict[str, Any], r: ReadView, pos: int, path: str) -> None:
         if el is not None:
             reasoning = r.text(el, f"{path}/{el.tag}")
             if reasoning:
@@ -87,8 +61,8 @@ class Response(ChannelExtension):
     name = "response"
     field_order = 0
 
-    def render(self, m: Msg, s: RenderState) -> None:
-        tag = s.d.names["response"]
+    def render(self, m: MessageView, s: RenderView) -> None:
+        tag = s.names["response"]
         if len(m.parts) == 1 and type(m.parts[0]) is str:
             s.sink.element(tag, (), m.parts[0])
         else:
@@ -96,11 +70,11 @@ class Response(ChannelExtension):
             s.body(m.parts)
             s.sink.close()
 
-    def normal(self, m: Msg, pos: int, s: RenderState, out: dict[str, Any]) -> None:
+    def normal(self, m: MessageView, pos: int, s: RenderView, out: dict[str, Any]) -> None:
         out["content"] = s.content(m.parts)
 
-    def read(self, el: Element | None, msg: dict[str, Any], r: Reader, pos: int, path: str) -> None:
-        msg["content"] = r.content(el, f"{path}/{r.n['response']}") if el is not None else ""
+    def read(self, el: Element | None, msg: dict[str, Any], r: ReadView, pos: int, path: str) -> None:
+        msg["content"] = r.content(el, f"{path}/{r.names['response']}") if el is not None else ""
 
 
 class Tools(ChannelExtension):
@@ -110,19 +84,19 @@ class Tools(ChannelExtension):
     name = "tools"
     field_order = 2
 
-    def render(self, m: Msg, s: RenderState) -> None:
+    def render(self, m: MessageView, s: RenderView) -> None:
         if not m.calls:
             return
-        s.sink.open(s.d.names["tools"])
+        s.sink.open(s.names["tools"])
         for k, c in enumerate(m.calls, start=1):
             self._call(c, k, m.index, s)
         s.sink.close()
 
-    def _call(self, c: Call, k: int, index: int, s: RenderState) -> None:
-        n, sink = s.d.names, s.sink
+    def _call(self, c: CallView, k: int, index: int, s: RenderView) -> None:
+        n, sink = s.names, s.sink
         sink.open(n["call"], ((n["tool"], c.name), (n["index"], str(k))))
         if c.args is None:
-            sink.element(n["json"], ((n["type"], s.d.json_fallback_type),), c.raw or "")
+            sink.element(n["json"], ((n["type"], s.json_fallback_type),), c.raw or "")
         else:
             key_, type_, arg = n["key"], n["type"], n["argument"]
             for key, value in c.args:
@@ -137,9 +111,7 @@ class Tools(ChannelExtension):
                 sink.element(arg, ((key_, key), (type_, jsonfmt.value_type(value))), text)
         sink.close()
 
-    def normal(self, m: Msg, pos: int, s: RenderState, out: dict[str, Any]) -> None:
-        from ..chat.render import arguments_json, call_id
-
+    def normal(self, m: MessageView, pos: int, s: RenderView, out: dict[str, Any]) -> None:
         if m.calls:
             out["tool_calls"] = [
                 {"id": call_id(pos, k), "type": "function",
@@ -147,15 +119,12 @@ class Tools(ChannelExtension):
                 for k, c in enumerate(m.calls, start=1)
             ]
 
-    def read(self, el: Element | None, msg: dict[str, Any], r: Reader, pos: int, path: str) -> None:
-        from ..markup.nodes import Element as El
-        from ..markup.nodes import Text
-
+    def read(self, el: Element | None, msg: dict[str, Any], r: ReadView, pos: int, path: str) -> None:
         if el is None:
             return
         calls: list[dict[str, Any]] = []
         for c in el.children:
-            if isinstance(c, El) and c.tag == r.n["call"]:
+            if isinstance(c, Element) and c.tag == r.names["call"]:
                 calls.append(self._read_call(c, pos, len(calls) + 1, f"{path}/{el.tag}", r))
             elif isinstance(c, Text) and not c.text.strip() and r.lenient:
                 continue
@@ -164,21 +133,17 @@ class Tools(ChannelExtension):
         if calls:
             msg["tool_calls"] = calls
 
-    def _read_call(self, el: Element, pos: int, k: int, path: str, r: Reader) -> dict[str, Any]:
-        from ..chat.render import call_id
-        from ..markup.nodes import Element as El
-        from ..markup.nodes import Text
-
-        n = r.n
+    def _read_call(self, el: Element, pos: int, k: int, path: str, r: ReadView) -> dict[str, Any]:
+        n = r.names
         here = f"{path}/{n['call']}[{k}]"
-        a = r.attrs(el, r.a_call, here)
+        a = r.attrs(el, frozenset((n["tool"], n["index"])), here)
         name = a.get(n["tool"])
         if not name:
             r.problem(el, "a call without a tool name", "missing-attribute", here)
             name = name or ""
         if a.get(n["index"]) != str(k):
             r.problem(el, f"call index {a.get(n['index'])!r}, expected {str(k)!r}", "bad-index", here)
-        blocks = [c for c in el.children if isinstance(c, El) and c.tag == n["json"]]
+        blocks = [c for c in el.children if isinstance(c, Element) and c.tag == n["json"]]
         arguments: str
         if blocks:
             if len(el.children) != 1:
@@ -187,7 +152,7 @@ class Tools(ChannelExtension):
         else:
             args: dict[str, Any] = {}
             for c in el.children:
-                if isinstance(c, El) and c.tag == n["argument"]:
+                if isinstance(c, Element) and c.tag == n["argument"]:
                     key, value = self._read_argument(c, f"{here}/{n['argument']}", r)
                     if key in args:
                         r.problem(c, f"argument {key!r} given twice", "duplicate-argument", here)
@@ -199,9 +164,9 @@ class Tools(ChannelExtension):
             arguments = jsonfmt.arguments(args)
         return {"id": call_id(pos, k), "type": "function", "function": {"name": name, "arguments": arguments}}
 
-    def _read_argument(self, el: Element, path: str, r: Reader) -> tuple[str, Any]:
-        n = r.n
-        a = r.attrs(el, r.a_arg, path)
+    def _read_argument(self, el: Element, path: str, r: ReadView) -> tuple[str, Any]:
+        n = r.names
+        a = r.attrs(el, frozenset((n["key"], n["type"])), path)
         key = a.get(n["key"])
         if key is None:
             r.problem(el, "an argument without a key", "missing-attribute", path)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OptionError, TemplateError
-from . import ContentExtension, Context
+from .api import ContentExtension, Context
 from .media import Grid, PromptFormat, Settings, data_bytes, image_size, local_path, positive_int, reference
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import ContentExtension, Context
+from .api import ContentExtension, Context
 from .media import Grid, PromptFormat, Settings, positive_int, positive_number
 
 if TYPE_CHECKING:

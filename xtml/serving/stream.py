@@ -22,13 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ParseError
-from .markup.header import parse_header
-from .markup.markers import CLOSE, END, OPEN, SEP
-from .markup.nodes import Diagnostic
+from ..errors import ParseError
+from ..markup.header import parse_header
+from ..markup.markers import CLOSE, END, OPEN, SEP
+from ..markup.nodes import Diagnostic
 
 if TYPE_CHECKING:
-    from .template import Template, TokenizerLike
+    from ..template import Template, TokenizerLike
 
 __all__ = ["StreamEvent", "StreamParser"]
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from itertools import accumulate, chain
 from typing import NamedTuple
 
-from .markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from .markup.segments import Segment
-from .tokenizer import Binding
+from ..markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
+from ..markup.segments import Segment
+from .binding import Binding
 
 __all__ = ["ElementSpan", "EncodedTree", "encode_spans"]
 

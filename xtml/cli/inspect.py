@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .markup.nodes import Element, Embed, EndOfMessage, Node, Text
-from .markup.segments import Segment, close_tag, open_tag
-from .template import Template
-from .tokenizer import Binding
+from ..markup.nodes import Element, Embed, EndOfMessage, Node, Text
+from ..markup.segments import Segment, close_tag, open_tag
+from ..template import Template
+from ..vocab.binding import Binding
 
 __all__ = ["Token", "tokens", "write"]
 

@@ -20,8 +20,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .errors import TokenizerError
-from .tokenizer import Vocabulary, _byte_to_char
+from ..errors import TokenizerError
+from .vocabulary import Vocabulary, _byte_to_char
 
 __all__ = ["KIMI_PATTERN", "RESERVED_NAME", "TiktokenVocabulary", "find_vocab_file", "load_tiktoken"]
 

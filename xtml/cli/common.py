@@ -1,4 +1,4 @@
-"""Argument types shared by the command-line modules."""
+"""Argument types and help shared by the command-line modules."""
 
 from __future__ import annotations
 
@@ -20,3 +20,7 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return v
 
     return convert
+
+
+TOKENIZER_HELP = ("tokenizer.json, a tiktoken BPE file, or a model folder (tokenizer.json, or a tiktoken "
+                  "vocabulary with tokenizer_config.json)")

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chat.dialect import Dialect, Problem, check_text, locate, read_template
-from .errors import TemplateError, XtmlError
+from ..chat.dialect import Dialect, Problem, check_text, locate, read_template
+from ..errors import TemplateError, XtmlError
 
 __all__ = ["Finding", "Report", "validate"]
 
@@ -139,7 +139,7 @@ def _grammar(d: Dialect, file: str) -> list[Finding]:
 
 
 def _tokenizer(d: Dialect, path: str | Path, text: str, file: str, add_markers: bool) -> tuple[Any, list[Finding]]:
-    from .tokenizer import load_tokenizer
+    from ..vocab.load import load_tokenizer
 
     try:
         vocab = load_tokenizer(path, add_special_tokens=d.markers.all() if add_markers else ())
@@ -215,9 +215,9 @@ def _whole_encoder(vocab: Any) -> Any:
 
 def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str,
                tokenizer: str | Path | None) -> tuple[list[Finding], int]:
-    from . import testing
-    from .template import Template
-    from .tokenizer import byte_vocabulary
+    from ..template import Template
+    from ..vocab.vocabulary import byte_vocabulary
+    from . import strategies as testing
 
     t = Template(d)
     # Token ids carry no text-level ambiguity, so the self-test always runs

@@ -12,11 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from . import __version__, dataset
-from .cliargs import at_least
-from .errors import XtmlError
-from .template import Template, load
-from .tokenizer import Vocabulary, load_tokenizer
+from .. import __version__
+from ..errors import XtmlError
+from ..template import Template, load
+from ..vocab.load import load_tokenizer
+from ..vocab.vocabulary import Vocabulary
+from . import dataset
+from .common import TOKENIZER_HELP, at_least
 
 EPILOG_RENDER = """examples:
   xtml render examples/chat.json
@@ -115,8 +117,6 @@ def _tokenizer(args: argparse.Namespace, tpl: Template) -> Vocabulary:
     return load_tokenizer(args.tokenizer, add_special_tokens=extra)
 
 
-TOKENIZER_HELP = ("tokenizer.json, a tiktoken BPE file, or a model folder (tokenizer.json, or a tiktoken "
-                  "vocabulary with tokenizer_config.json)")
 
 
 def _add_template(p: argparse.ArgumentParser) -> None:
@@ -280,7 +280,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _validate(args: argparse.Namespace, out: TextIO) -> int:
-    from .validate import validate
+    from ..testing.validate import validate
 
     report = validate(args.template, tokenizer=args.tokenizer, examples=args.examples, seed=args.seed,
                       add_markers=args.add_markers)
@@ -294,7 +294,7 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _templates(args: argparse.Namespace, out: TextIO) -> None:
-    from .chat.dialect import BUILTIN, builtin_files
+    from ..chat.dialect import BUILTIN, builtin_files
 
     files = builtin_files()
     aliases: dict[str, list[str]] = {}
@@ -308,14 +308,14 @@ def _templates(args: argparse.Namespace, out: TextIO) -> None:
     for r in rows:
         also = f" (also: {', '.join(r['aliases'])})" if r["aliases"] else ""
         out.write(f"{r['name']}{also}\n  {r['description']}\n  {r['path']}\n")
-    from .plugins import installed
+    from ..plugins import installed
 
     out.write(f"installed plugins: {', '.join(sorted(installed()))}\n")
 
 
 def _new_template(args: argparse.Namespace, out: TextIO) -> None:
-    from .chat.dialect import starter_template
-    from .markup.header import is_name
+    from ..chat.dialect import starter_template
+    from ..markup.header import is_name
 
     if not is_name(args.name):
         raise _UserError(f"{args.name!r} is not a valid template name (letters, digits, _ - . :)")

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .errors import XtmlError
-from .template import Template, TokenizerLike, load
+from ..errors import XtmlError
+from ..template import Template, TokenizerLike, load
 
 __all__ = ["run"]
 
@@ -53,14 +53,14 @@ def _same(x: Any) -> Any:
 
 
 def _markup_check(t: Template, s: str) -> None:
-    from . import testing as xt
+    from .. import testing as xt
 
     xt.check_markup_parses(t, s)
     xt.check_never_crash(t, s)
 
 
 def _properties(template: Template, tokenizer: Any | None) -> list[_Property]:
-    from . import testing as xt
+    from .. import testing as xt
 
     t = template
     same = _same  # the input is what to show
@@ -119,7 +119,7 @@ def run(
     (hypothesis missing, ``examples`` < 1). ``seed`` makes the run
     reproducible; without one, a seed is drawn and printed."""
     try:
-        from . import testing as xt
+        from .. import testing as xt
     except ImportError as e:
         _write(err, f"xtml fuzz: this needs hypothesis (pip install 'xtml[testing]'): {e}\n")
         return 2
@@ -129,7 +129,7 @@ def run(
     try:
         tpl = template if isinstance(template, Template) else load(template)
         if tokenizer is None:
-            from .tokenizer import byte_vocabulary
+            from ..vocab.vocabulary import byte_vocabulary
 
             tokenizer = byte_vocabulary(tpl.markers.all())
         vocab = tpl.bind(tokenizer).vocab

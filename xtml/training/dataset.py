@@ -34,25 +34,15 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import IO, Any, TextIO, cast
 
-from .cliargs import at_least
-from .errors import XtmlError
-from .training import RowError, encode_training, overruns, row_request, with_training_defaults
+from ..chat.dialect import load_dialect
+from ..errors import XtmlError
+from ..vocab.binding import Binding
+from ..vocab.load import load_tokenizer
+from .masks import encode_example, overruns
+from .rows import RowError, row_request, with_training_defaults
 
-__all__ = ["COMMANDS", "DatasetError", "Job", "Report", "add_commands", "run", "run_job"]
+__all__ = ["DatasetError", "Job", "Report", "run", "run_job"]
 
-COMMANDS = ("render-dataset", "lint-dataset")
-
-EPILOG_RENDER = """examples:
-  xtml render-dataset chats.jsonl -o train.parquet --tokenizer path/to/model
-  xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --workers 8 --train last --labels
-  xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --check-budgets --errors bad.jsonl
-  xtml render-dataset my_dataset/ -o train.parquet --tokenizer tok.json   # saved with Dataset.save_to_disk
-"""
-
-EPILOG_LINT = """examples:
-  xtml lint-dataset chats.jsonl --tokenizer path/to/model
-  xtml lint-dataset chats.jsonl -t my-model.toml --tokenizer tok.json --workers 4 --format json
-"""
 
 # Lines per chunk (and Parquet rows per row group), and the most bytes a
 # chunk gathers before it is handed out: long rows make smaller chunks.
@@ -158,24 +148,21 @@ def _init(job: Job, quiet_threads: bool) -> None:
         # Several worker processes already use every core; the tokenizer's
         # own thread pool in each would only compete with them.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from .template import load
-    from .tokenizer import load_tokenizer
-
     same = _state is not None and (_state[0].template, _state[0].tokenizer, _state[0].add_markers) == (
         job.template, job.tokenizer, job.add_markers)
     if same:
         assert _state is not None
         _state = (job, _state[1], _state[2])
         return
-    tpl = load(job.template)
-    key = (os.path.abspath(job.tokenizer), tuple(tpl.markers.all()) if job.add_markers else ())
+    d = load_dialect(job.template)
+    key = (os.path.abspath(job.tokenizer), tuple(d.markers.all()) if job.add_markers else ())
     vocab = _vocabs.get(key)
     if vocab is None:
         vocab = load_tokenizer(job.tokenizer, add_special_tokens=key[1])
         _vocabs.clear()  # one tokenizer at a time: a large vocabulary is hundreds of MB
         _vocabs[key] = vocab
-    tpl.bind(vocab)  # a tokenizer that does not fit fails here, once
-    _state = (job, tpl, vocab)
+    # A tokenizer that does not fit fails here, once.
+    _state = (job, d, Binding(d.markers, vocab))
     if quiet_threads:
         # A worker process of ours: what it loaded lives as long as it does,
         # so the collector need not walk it again on every collection of the
@@ -206,14 +193,14 @@ def _process(lines: list[tuple[int, Any]]) -> Chunk:
     """Render one chunk of ``(number, row)``, a row being a JSON line
     (bytes) or a table row (a dict); bad rows are recorded, never raised."""
     assert _state is not None, "worker not initialised"
-    job, tpl, vocab = _state
+    job, d, binding = _state
     out = Chunk(rows=len(lines))
     ids: list[bytes] = []
     mask = bytearray()
     for line, raw in lines:
         try:
             req = _request(raw) if type(raw) is bytes else row_request(raw, plain=True)
-            ex = encode_training(tpl, req, vocab, train=job.train)
+            ex = encode_example(d, binding, req, train=job.train)
         except XtmlError as e:
             out.skipped.append((line, str(e)))
             continue
@@ -233,7 +220,7 @@ def _process(lines: list[tuple[int, Any]]) -> Chunk:
             ids.append(struct.pack(f"={len(ex.ids)}i", *ex.ids))
             mask += ex.mask_bytes
         if job.budgets:
-            out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in overruns(ex, tpl.dialect)]
+            out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in overruns(ex, d)]
     out.ids = b"".join(ids)
     out.mask = bytes(mask)
     return out
@@ -305,7 +292,7 @@ class TableRows:
             raise DatasetError(f"cannot read {file}: {e}") from None
 
     def _wanted(self, names: list[str]) -> list[str]:
-        from .training import REQUEST_COLUMNS
+        from .rows import REQUEST_COLUMNS
 
         cols = [n for n in names if n in REQUEST_COLUMNS]
         if not cols:
@@ -562,60 +549,6 @@ class _Progress:
 
 
 # -- the commands ----------------------------------------------------------------
-
-
-_positive = at_least(1)
-
-
-def add_commands(sub: Any) -> None:
-    """Add ``render-dataset`` and ``lint-dataset`` to the subcommands of the
-    ``xtml`` parser."""
-    from .cli import TOKENIZER_HELP
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("file", metavar="IN",
-                       help="a JSONL file (.gz, .bz2 and .xz read too), one request per line: a request object "
-                            "or a list of messages (- for stdin); or a table whose rows hold a 'messages' column "
-                            "(a list or JSON text) and option columns, or a 'request' column: a .parquet or "
-                            ".arrow file, or a folder of them (a Hugging Face dataset saved with save_to_disk, or "
-                            "Parquet shards). Table rows are numbered from 0 ('row' in the output), lines from 1 "
-                            "('line')")
-        p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
-                       help="built-in template name or template file (default: kimi-k3)")
-        p.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
-        p.add_argument("--add-markers", action="store_true",
-                       help="add the template's markers to the tokenizer as special tokens")
-        p.add_argument("--workers", type=_positive, default=1, metavar="N",
-                       help="worker processes (default: 1, this process); the output does not depend on it")
-        p.add_argument("--errors", metavar="FILE", dest="errors_file",
-                       help="write every skipped row (and overrun) as JSON lines to FILE")
-
-    r = sub.add_parser(
-        "render-dataset", help="render JSONL requests to Parquet: ids, loss mask, labels",
-        description="Render a JSONL file of requests to a Parquet file of training samples: line, input_ids, "
-                    "loss_mask (1 = trained, from the template's [training] rules), labels (with --labels), "
-                    "length and trained. Rows end with their last message (add_generation_prompt is false unless "
-                    "a row sets it). Bad rows are skipped and reported with their line; exit status 1 when any "
-                    "was (the file is complete either way).",
-        epilog=EPILOG_RENDER, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(r)
-    r.add_argument("-o", "--output", dest="parquet", required=True, metavar="OUT.parquet",
-                   help="the Parquet file to write (replaced when the run ends)")
-    r.add_argument("--train", choices=("all", "last"), default="all",
-                   help="all: every message of the trained roles (default); last: only the last turn")
-    r.add_argument("--labels", action="store_true", help="also write labels (ids, -100 where not trained)")
-    r.add_argument("--check-budgets", action="store_true",
-                   help="also report think channels over the budget of their effort (exit 1 when any)")
-
-    lint = sub.add_parser(
-        "lint-dataset", help="report think channels over the budget of their thinking effort",
-        description="Check a JSONL file of requests against the template's think-channel budgets "
-                    "([training.budgets]): the rows whose think channel in any assistant message has more tokens "
-                    "than the budget of the row's effort, and counts per effort. Rows that cannot be rendered are "
-                    "reported too. Exit 0 when there are none, 1 when there are some.",
-        epilog=EPILOG_LINT, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(lint)
-    lint.add_argument("-f", "--format", choices=("text", "json"), default="text", help="report format")
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:

@@ -55,10 +55,10 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
-from .errors import MessageError, ParseError, XtmlError
-from .markup.grammar import document_parser, parse_lexemes
-from .markup.header import NAME_RE, escape
-from .markup.markers import (
+from ..errors import MessageError, ParseError, XtmlError
+from ..markup.grammar import document_parser, parse_lexemes
+from ..markup.header import NAME_RE, escape
+from ..markup.markers import (
     CLOSE,
     EMBED_BEGIN,
     EMBED_END,
@@ -69,10 +69,10 @@ from .markup.markers import (
     SEP,
     TEXT,
 )
-from .markup.parse import MAX_DEPTH, build, lex_text
-from .markup.segments import Segment
-from .stream import StreamEvent
-from .template import Template, TokenizerLike, load
+from ..markup.parse import MAX_DEPTH, build, lex_text
+from ..markup.segments import Segment
+from ..serving.stream import StreamEvent
+from ..template import Template, TokenizerLike, load
 
 __all__ = [
     "Failure",
@@ -132,7 +132,7 @@ class _Pieces:
 
 
 def _builtin_templates() -> list[Template]:
-    from .chat.dialect import BUILTIN
+    from ..chat.dialect import BUILTIN
 
     seen: set[str] = set()
     out: list[Template] = []

@@ -1,0 +1,81 @@
+"""``xtml render-dataset`` and ``xtml lint-dataset``: their arguments (the
+jobs themselves are :mod:`xtml.training.dataset`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from ..training.dataset import run as _run
+from .common import TOKENIZER_HELP, at_least
+
+COMMANDS = ("render-dataset", "lint-dataset")
+
+EPILOG_RENDER = """examples:
+  xtml render-dataset chats.jsonl -o train.parquet --tokenizer path/to/model
+  xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --workers 8 --train last --labels
+  xtml render-dataset chats.jsonl -o train.parquet --tokenizer tok.json --check-budgets --errors bad.jsonl
+  xtml render-dataset my_dataset/ -o train.parquet --tokenizer tok.json   # saved with Dataset.save_to_disk
+"""
+
+EPILOG_LINT = """examples:
+  xtml lint-dataset chats.jsonl --tokenizer path/to/model
+  xtml lint-dataset chats.jsonl -t my-model.toml --tokenizer tok.json --workers 4 --format json
+"""
+
+
+_positive = at_least(1)
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``render-dataset`` and ``lint-dataset`` to the subcommands of the
+    ``xtml`` parser."""
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", metavar="IN",
+                       help="a JSONL file (.gz, .bz2 and .xz read too), one request per line: a request object "
+                            "or a list of messages (- for stdin); or a table whose rows hold a 'messages' column "
+                            "(a list or JSON text) and option columns, or a 'request' column: a .parquet or "
+                            ".arrow file, or a folder of them (a Hugging Face dataset saved with save_to_disk, or "
+                            "Parquet shards). Table rows are numbered from 0 ('row' in the output), lines from 1 "
+                            "('line')")
+        p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                       help="built-in template name or template file (default: kimi-k3)")
+        p.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
+        p.add_argument("--add-markers", action="store_true",
+                       help="add the template's markers to the tokenizer as special tokens")
+        p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                       help="worker processes (default: 1, this process); the output does not depend on it")
+        p.add_argument("--errors", metavar="FILE", dest="errors_file",
+                       help="write every skipped row (and overrun) as JSON lines to FILE")
+
+    r = sub.add_parser(
+        "render-dataset", help="render JSONL requests to Parquet: ids, loss mask, labels",
+        description="Render a JSONL file of requests to a Parquet file of training samples: line, input_ids, "
+                    "loss_mask (1 = trained, from the template's [training] rules), labels (with --labels), "
+                    "length and trained. Rows end with their last message (add_generation_prompt is false unless "
+                    "a row sets it). Bad rows are skipped and reported with their line; exit status 1 when any "
+                    "was (the file is complete either way).",
+        epilog=EPILOG_RENDER, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(r)
+    r.add_argument("-o", "--output", dest="parquet", required=True, metavar="OUT.parquet",
+                   help="the Parquet file to write (replaced when the run ends)")
+    r.add_argument("--train", choices=("all", "last"), default="all",
+                   help="all: every message of the trained roles (default); last: only the last turn")
+    r.add_argument("--labels", action="store_true", help="also write labels (ids, -100 where not trained)")
+    r.add_argument("--check-budgets", action="store_true",
+                   help="also report think channels over the budget of their effort (exit 1 when any)")
+
+    lint = sub.add_parser(
+        "lint-dataset", help="report think channels over the budget of their thinking effort",
+        description="Check a JSONL file of requests against the template's think-channel budgets "
+                    "([training.budgets]): the rows whose think channel in any assistant message has more tokens "
+                    "than the budget of the row's effort, and counts per effort. Rows that cannot be rendered are "
+                    "reported too. Exit 0 when there are none, 1 when there are some.",
+        epilog=EPILOG_LINT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(lint)
+    lint.add_argument("-f", "--format", choices=("text", "json"), default="text", help="report format")
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run a dataset command; returns the exit status."""
+    return _run(args, out)

@@ -1,0 +1,345 @@
+"""A vocabulary bound to a template's markers: markup → ids and ids → markup.
+
+:class:`Binding` checks that every marker is exactly one special id, encodes
+trees and segments (markers as their ids, all text as ordinary text), and
+lexes ids back into markup. :class:`IdSink` takes markup events and gives ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NoReturn
+
+from ..errors import ParseError, TokenizerError
+from ..markup.header import CACHEABLE
+from ..markup.markers import CLOSE, EMBED_MARK, OPEN, TEXT, Markers
+from ..markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
+from ..markup.parse import Lexemes, build, build_ids_fast, lex_ids
+from ..markup.segments import Segment, close_tag, open_tag
+from .vocabulary import Vocabulary
+
+__all__ = ["Binding", "IdSink", "join_ids"]
+
+# Constant pieces (headers, template prose) are cached per binding; the cap
+# keeps a long-running server's memory bounded whatever its traffic.
+_CACHE_LIMIT = 65536
+
+
+class Binding:
+    """A vocabulary bound to a template's markers.
+
+    Every marker must be exactly one special id of the vocabulary (optional
+    markers may instead be spelled as text, as some vocabularies do).
+    """
+
+    def __init__(self, markers: Markers, vocab: Vocabulary) -> None:
+        self.markers = markers
+        self.vocab = vocab
+        self.marker_ids: dict[str, int] = {}
+        problems: list[str] = []
+        for s in markers.kinds():
+            sid = vocab.special_id(s)
+            if sid is None:
+                if s in markers.optional:
+                    continue
+                added = vocab.added_id(s)
+                if added is not None:
+                    problems.append(f"{s!r} is an added token but not a special one")
+                else:
+                    problems.append(f"{s!r} is not a special token")
+                continue
+            self.marker_ids[s] = sid
+        if problems:
+            raise TokenizerError(
+                f"tokenizer {vocab.source!r} does not fit the template's markers: "
+                + "; ".join(problems)
+                + " (to fine-tune a base model on XTML, add them with --add-markers / add_special_tokens=)"
+            )
+        kinds = markers.kinds()
+        self.kind_of_id: dict[int, tuple[str, str]] = {i: (kinds[s], s) for s, i in self.marker_ids.items()}
+        # Optional markers spelled as text are found in decoded text instead.
+        self.text_marks = tuple(s for s in markers.embed_mark if s not in self.marker_ids)
+        self.stop_ids = tuple(self.marker_ids[s] for s in markers.stop if s in self.marker_ids)
+        self._splitter = markers.splitter()
+        self._piece: dict[str, list[int]] = {}
+        self._open: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
+        self._close: dict[str, list[int]] = {}
+        self._stable: dict[str, list[int]] = {}
+        self._headers: dict[str, str] = {}
+        self._tags: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+
+    # -- segments → ids ------------------------------------------------------
+
+    def encode_segments(self, segments: Iterable[Segment]) -> list[int]:
+        """Ids of segments: each segment encoded on its own, concatenated."""
+        out: list[int] = []
+        for seg in segments:
+            out.extend(self._segment_ids(seg))
+        return out
+
+    def _segment_ids(self, seg: Segment) -> list[int]:
+        if not seg.special:
+            return self.vocab.ids_of([seg.text])[0] if seg.text else []
+        # A special segment is markers and the text between them (an image
+        # prompt, say). Its text is trusted template output, never user text.
+        out: list[int] = []
+        pos = 0
+        for m in self._splitter.finditer(seg.text):
+            if m.start() > pos:
+                out.extend(self.vocab.ids_of([seg.text[pos : m.start()]])[0])
+            mid = self.marker_ids.get(m.group())
+            out.extend([mid] if mid is not None else self.vocab.ids_of([m.group()])[0])
+            pos = m.end()
+        if pos < len(seg.text):
+            out.extend(self.vocab.ids_of([seg.text[pos:]])[0])
+        return out
+
+    def _pieces(self, segments: list[Segment]) -> list[int]:
+        out: list[int] = []
+        for seg in segments:
+            if seg.special:
+                out.extend(self._segment_ids(seg))
+                continue
+            ids = self._piece.get(seg.text)
+            if ids is None:
+                ids = self.vocab.ids_of([seg.text])[0]
+                if len(self._piece) < _CACHE_LIMIT and len(seg.text) <= CACHEABLE:
+                    self._piece[seg.text] = ids
+            out.extend(ids)
+        return out
+
+    # -- tree → ids ----------------------------------------------------------
+
+    def encode(self, doc: Document | Sequence[Node]) -> list[int]:
+        """Ids of a markup tree. Equal to ``encode_segments(to_segments(doc))``,
+        but constant pieces come from caches and all body text is encoded in
+        one batch."""
+        chunks: list[list[int]] = []
+        texts: list[str] = []
+        slots: list[int] = []
+        nodes = doc.nodes if isinstance(doc, Document) else doc
+        self._walk(nodes, chunks, texts, slots)
+        if texts:
+            for slot, ids in zip(slots, self.vocab.ids_of(texts)):
+                chunks[slot] = ids
+        return join_ids(chunks)
+
+    def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int]) -> None:
+        for node in nodes:
+            if type(node) is Text:
+                if not node.text:
+                    continue
+                if node.stable:
+                    chunks.append(self._stable_ids(node.text))
+                else:
+                    slots.append(len(chunks))
+                    chunks.append([])
+                    texts.append(node.text)
+            elif type(node) is Element:
+                chunks.append(self._open_ids(node.tag, node.attrs))
+                if node.children:
+                    self._walk(node.children, chunks, texts, slots)
+                if node.closed:
+                    chunks.append(self._close_ids(node.tag))
+            elif type(node) is EndOfMessage:
+                chunks.append([self.marker_ids[self.markers.end]])
+            elif type(node) is Embed:
+                chunks.append(self._segment_ids(Segment(node.raw, True)))
+            else:
+                raise TypeError(f"not a markup node: {type(node).__name__}")
+
+    def sink(self) -> IdSink:
+        """A markup sink that writes ids directly (see
+        :mod:`xtml.markup.sink`): what :meth:`encode` gives for the tree the
+        same events would build, without building it."""
+        return IdSink(self)
+
+    def _open_ids(self, tag: str, attrs: tuple[tuple[str, str], ...]) -> list[int]:
+        key = (tag, attrs)
+        ids = self._open.get(key)
+        if ids is None:
+            ids = self._pieces(open_tag(Element(tag, attrs), self.markers))
+            if len(self._open) < _CACHE_LIMIT and sum(len(k) + len(v) for k, v in attrs) <= CACHEABLE:
+                self._open[key] = ids
+        return ids
+
+    def _close_ids(self, tag: str) -> list[int]:
+        ids = self._close.get(tag)
+        if ids is None:
+            ids = self._close[tag] = self._pieces(close_tag(tag, self.markers))
+        return ids
+
+    def _stable_ids(self, text: str) -> list[int]:
+        ids = self._stable.get(text)
+        if ids is None:
+            ids = self.vocab.ids_of([text])[0]
+            if len(self._stable) < 1024:
+                self._stable[text] = ids
+        return ids
+
+    # -- ids → lexemes -------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        if ids:
+            try:
+                ok = max(ids) < self.vocab.size and min(ids) >= 0
+            except TypeError:
+                ok = False
+            if not ok:
+                self._bad_id(ids)
+
+    def lex(self, ids: Sequence[int]) -> Lexemes:
+        """Lexemes of token ids: marker ids become terminals, runs of
+        ordinary ids TEXT (decoded; header runs through a cache)."""
+        self._check_ids(ids)
+        return self._lex(ids)
+
+    def _lex(self, ids: Sequence[int]) -> Lexemes:
+        if len(self._headers) > _CACHE_LIMIT:
+            self._headers.clear()
+        try:
+            lx = lex_ids(ids, self.kind_of_id, self.vocab.decode_batch, self._headers)
+        except (TypeError, ValueError, OverflowError):
+            self._bad_id(ids)
+        if self.text_marks:
+            lx = _split_text_marks(lx, self.text_marks)
+        return lx
+
+    def document(self, ids: Sequence[int], *, lenient: bool = False) -> Document:
+        """The markup tree of token ids: the one-pass fast path for
+        well-formed input, else the general lexer and driver."""
+        self._check_ids(ids)
+        if len(self._tags) > _CACHE_LIMIT:
+            self._tags.clear()
+        try:
+            doc = build_ids_fast(ids, self.kind_of_id, self.vocab.decode_batch, self._tags)
+        except (TypeError, ValueError, OverflowError):
+            self._bad_id(ids)
+        if doc is not None and not self.text_marks:
+            return doc
+        return build(self._lex(ids), lenient=lenient)  # ids were checked above
+
+    def _bad_id(self, ids: Sequence[int]) -> NoReturn:
+        for i, t in enumerate(ids):
+            if type(t) is not int or not 0 <= t < self.vocab.size:
+                raise ParseError(f"{t!r} is not a token id of this tokenizer", offset=i)
+        raise ParseError("token ids could not be decoded", offset=0)
+
+
+def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
+    """Where a vocabulary spells a placeholder as ordinary text, find it in
+    decoded body text, as the model's own processor does."""
+    out = Lexemes(end=lx.end)
+    for k, t, o in zip(lx.kinds, lx.texts, lx.offsets):
+        header = bool(out.kinds) and out.kinds[-1] in (OPEN, CLOSE)
+        if k != TEXT or header or not any(m in t for m in marks):
+            out.kinds.append(k)
+            out.texts.append(t)
+            out.offsets.append(o)
+            continue
+        pos = 0
+        while pos < len(t):
+            hits = [(t.find(m, pos), m) for m in marks if t.find(m, pos) >= 0]
+            if not hits:
+                break
+            at, m = min(hits)
+            if at > pos:
+                out.kinds.append(TEXT)
+                out.texts.append(t[pos:at])
+                out.offsets.append(o)
+            out.kinds.append(EMBED_MARK)
+            out.texts.append(m)
+            out.offsets.append(o)
+            pos = at + len(m)
+        if pos < len(t):
+            out.kinds.append(TEXT)
+            out.texts.append(t[pos:])
+            out.offsets.append(o)
+    return out
+
+
+
+class IdSink:
+    """Markup events → ids, with the binding's caches (see :meth:`Binding.sink`)."""
+
+    __slots__ = ("_b", "_chunks", "_close", "_end", "_open", "_slots", "_tags", "_texts")
+
+    def __init__(self, binding: Binding) -> None:
+        self._b = binding
+        self._chunks: list[list[int]] = []
+        self._texts: list[str] = []
+        self._slots: list[int] = []
+        self._tags: list[str] = []
+        self._end = [binding.marker_ids[binding.markers.end]]
+        # Bound lookups of the binding's caches: render emits thousands of
+        # events per request, and these are the hot ones.
+        self._open = binding._open.get
+        self._close = binding._close.get
+
+    def open(self, tag: str, attrs: tuple[tuple[str, str], ...] = ()) -> None:
+        ids = self._open((tag, attrs))
+        self._chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
+        self._tags.append(tag)
+
+    def close(self) -> None:
+        tag = self._tags.pop()
+        ids = self._close(tag)
+        self._chunks.append(ids if ids is not None else self._b._close_ids(tag))
+
+    def text(self, text: str, stable: bool = False) -> None:
+        if not text:
+            return
+        if stable:
+            self._chunks.append(self._b._stable_ids(text))
+        else:
+            self._slots.append(len(self._chunks))
+            self._chunks.append(_NO_IDS)
+            self._texts.append(text)
+
+    def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
+        chunks = self._chunks
+        ids = self._open((tag, attrs))
+        chunks.append(ids if ids is not None else self._b._open_ids(tag, attrs))
+        if text:
+            if stable:
+                chunks.append(self._b._stable_ids(text))
+            else:
+                self._slots.append(len(chunks))
+                chunks.append(_NO_IDS)
+                self._texts.append(text)
+        ids = self._close(tag)
+        chunks.append(ids if ids is not None else self._b._close_ids(tag))
+
+    def embed(self, raw: str) -> None:
+        if raw:
+            self._chunks.append(self._b._segment_ids(Segment(raw, True)))
+
+    def end(self) -> None:
+        self._chunks.append(self._end)
+
+    def _fill(self) -> list[list[int]]:
+        """The chunks of ids, body text encoded in one batch."""
+        chunks = self._chunks
+        if self._texts:
+            for slot, ids in zip(self._slots, self._b.vocab.ids_of(self._texts)):
+                chunks[slot] = ids
+            self._texts = []
+        return chunks
+
+    def finish(self) -> list[int]:
+        """The ids: body text encoded in one batch, then everything joined."""
+        return join_ids(self._fill())
+
+
+def join_ids(chunks: list[list[int]]) -> list[int]:
+    # list.extend copies a list in C; chain.from_iterable would go id by id
+    # through the iterator protocol, about three times slower here.
+    out: list[int] = []
+    extend = out.extend
+    for c in chunks:
+        extend(c)
+    return out
+
+
+# A slot's placeholder until its text is encoded; never mutated.
+_NO_IDS: list[int] = []
