@@ -1,6 +1,6 @@
 """Core benchmark: request → ids and ids → request, against the tokenizer floor.
 
-Run:  /work/venv/bin/python bench/bench_core.py [--quick] [--profile] [--out PATH]
+Run:  .venv/bin/python bench/bench_core.py [--quick] [--profile] [--out PATH]
 
 Every figure that matters is a ratio against a baseline measured in the same
 process, in the same rounds: each round runs every method of a case once, in a

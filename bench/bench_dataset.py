@@ -2,7 +2,7 @@
 (``xtml render-dataset``), with 1 and 2 worker processes, against the
 tokenizer floor.
 
-Run:  /work/venv/bin/python bench/bench_dataset.py [--quick] [--rows N] [--rounds R] [--out PATH]
+Run:  .venv/bin/python bench/bench_dataset.py [--quick] [--rows N] [--rounds R] [--out PATH]
 
 The workload is ``--rows`` (default 10,000) deterministic conversations of 1
 to 29 messages built by bench_core's generator: reasoning on about half the

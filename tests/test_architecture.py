@@ -1,0 +1,147 @@
+"""The layout is the architecture: each package imports only from the layers
+below it (docs/architecture.md), and no two modules import each other in a
+circle. Imports inside functions count; only ``if TYPE_CHECKING:`` blocks
+are left out, since they never run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent / "xtml"
+
+# Lower numbers are lower layers. Packages on one layer do not import each
+# other: vocab knows markup but not chat, chat knows plugins but not vocab.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "markup": 1,
+    "plugins": 2,
+    "dialects": 0,  # data files only
+    "chat": 3,
+    "vocab": 3,
+    "serving": 4,
+    "training": 4,
+    "template": 5,
+    "testing": 6,
+    "cli": 7,
+    "__init__": 8,
+    "__main__": 8,
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in ROOT.rglob("*.py"):
+        parts = ["xtml", *f.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__" and len(parts) > 2:
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(name: str, is_package: bool, source: str, mods: dict[str, Path]) -> set[str]:
+    pkg = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def resolve(target: str) -> None:
+        while target and target not in mods:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    def walk(node: ast.AST) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.If) and _is_type_checking(ch):
+                for x in ch.orelse:
+                    walk(x)
+                continue
+            if isinstance(ch, ast.Import):
+                for a in ch.names:
+                    if a.name.startswith("xtml"):
+                        resolve(a.name)
+            elif isinstance(ch, ast.ImportFrom):
+                if ch.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (ch.level - 1)]
+                    mod = ".".join(base + ([ch.module] if ch.module else []))
+                else:
+                    mod = ch.module or ""
+                if mod.startswith("xtml"):
+                    for a in ch.names:
+                        full = f"{mod}.{a.name}"
+                        resolve(full if full in mods else mod)
+            walk(ch)
+
+    walk(ast.parse(source))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p.name == "__init__.py", p.read_text(encoding="utf-8"), mods) for m, p in mods.items()}
+
+
+def _layer(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    assert top in LAYERS, f"{module} is in no layer of docs/architecture.md"
+    return top, LAYERS[top]
+
+
+def test_every_module_has_a_layer() -> None:
+    mods = _modules()
+    assert len(mods) > 30
+    for m in mods:
+        _layer(m)
+
+
+def test_imports_point_down() -> None:
+    wrong = []
+    for m, deps in _graph().items():
+        top, level = _layer(m)
+        for d in deps:
+            dtop, dlevel = _layer(d)
+            if dtop != top and dlevel >= level:
+                wrong.append(f"{m} imports {d}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_circles() -> None:
+    graph = _graph()
+    # A package's __init__ re-exporting its own modules is a door, not a layer.
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(v: str, path: list[str]) -> None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                circles.append([*path[path.index(w):], w])
+            elif w not in state:
+                visit(w, path)
+        path.pop()
+        state[v] = 2
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v, [])
+    assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_check_can_fail() -> None:
+    """An import inside a function counts; one under TYPE_CHECKING does not;
+    a chat module importing the tokenizer layer breaks the layering."""
+    mods = _modules()
+    src = ("from typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    from ..template import Template\n"
+           "def f():\n    from ..vocab.binding import Binding\n")
+    found = _imports("xtml.chat.render", False, src, mods)
+    assert found == {"xtml.vocab.binding"}
+    assert _layer("xtml.vocab.binding")[1] >= _layer("xtml.chat.render")[1]
