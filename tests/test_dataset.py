@@ -14,6 +14,7 @@ import pytest
 
 import xtml
 from tests.conftest import deepseek_path, k3_vocab
+from tests.docs import run_examples
 from xtml.cli import main
 from xtml.training import IGNORE_INDEX, MapFunction, dataset
 
@@ -363,12 +364,7 @@ DOC = Path(__file__).parent.parent / "docs" / "training.md"
 
 def test_training_doc_python_examples_run() -> None:
     pytest.importorskip("datasets")
-    text = DOC.read_text(encoding="utf-8")
-    run_blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(run_blocks) >= 4, "the page lost its examples"
-    scope: dict[str, Any] = {}
-    for code in run_blocks:  # later blocks use what earlier ones made, as a reader does
-        exec(compile(code, str(DOC), "exec"), scope)
+    text, scope = run_examples(DOC, at_least=4)
     ex = scope["ex"]
     assert scope["tok"].decode([t for t, m in zip(ex.ids, ex.mask) if m]) in text
     for s in ex.spans:  # the spans the page prints are the real ones
@@ -376,9 +372,6 @@ def test_training_doc_python_examples_run() -> None:
     o = scope["overruns"](scope["k3"].encode_training(scope["long"], scope["tok"]), scope["k3"].dialect)
     assert [f"# {x.message} {x.effort} {x.tokens} {x.budget}" in text for x in o] == [True]
     assert scope["out"][2]["error"] in text
-    # Blocks marked no-run (they need files or a cluster) must at least compile.
-    for code in re.findall(r"```python no-run\n(.*?)```", text, re.S):
-        compile(code, str(DOC), "exec")
 
 
 def test_training_doc_command_lines_parse() -> None:

@@ -27,10 +27,8 @@ from hypothesis import strategies as st
 
 import xtml
 from tests.strategies import (
-    FRAGMENTS,
     K3,
     MARKERS,
-    adversarial_text,
     assistant_messages,
     has_adjacent_text,
     id_lists,
@@ -39,9 +37,9 @@ from tests.strategies import (
     marker_ids,
     marker_soup,
     python_values,
-    requests,
     vocab,
 )
+from xtml import testing as xt
 
 k3 = K3
 SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -59,7 +57,7 @@ def _marker_counts(ids: list[int]) -> Counter[int]:
 # -- 1. round trip -----------------------------------------------------------------
 
 @SLOW
-@given(requests())
+@given(xt.requests(K3, keywords=True))
 def test_round_trip_ids(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
     body, kwargs = req
     before = copy.deepcopy((body, kwargs))
@@ -74,7 +72,7 @@ def test_round_trip_ids(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
 
 
 @SLOW
-@given(requests())
+@given(xt.requests(K3, keywords=True))
 def test_round_trip_text_when_unambiguous(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """The text form is ambiguous only where body text holds marker literals."""
     body, kwargs = req
@@ -98,7 +96,7 @@ def test_normal_form_keeps_tool_result_names() -> None:
     assert k3.render(normal).text == k3.render(req).text
 
 @SLOW
-@given(requests())
+@given(xt.requests(K3, keywords=True))
 def test_rerender_is_stable(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
     body, kwargs = req
     ids = _encode(body, kwargs)
@@ -113,7 +111,7 @@ def test_rerender_is_stable(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
 # -- 3. injection-freedom ------------------------------------------------------------
 
 @SLOW
-@given(requests())
+@given(xt.requests(K3, keywords=True))
 def test_marker_ids_come_only_from_special_segments(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
     body, kwargs = req
     ids = _encode(body, kwargs)
@@ -125,7 +123,7 @@ def test_marker_ids_come_only_from_special_segments(req: tuple[dict[str, Any], d
 
 
 @SLOW
-@given(requests())
+@given(xt.requests(K3, keywords=True))
 def test_cached_encode_equals_segmentwise_encoding(req: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """Binding.encode (caches, one batch) gives the ids of encoding each segment on its own."""
     body, kwargs = req
@@ -142,7 +140,9 @@ def _without_image_prompts(body: dict[str, Any], kwargs: dict[str, Any]) -> tupl
 
 
 @SLOW
-@given(requests(), st.one_of(st.sampled_from(MARKERS), st.sampled_from(FRAGMENTS), adversarial_text()),
+@given(xt.requests(K3, keywords=True),
+       st.one_of(st.sampled_from(MARKERS), xt.texts(K3, max_pieces=1, long=False, huge=False),
+                 xt.texts(K3, huge=False)),
        st.sampled_from(["user", "system", "assistant", "tool"]))
 def test_marker_literal_in_content_adds_no_marker_id(
     req: tuple[dict[str, Any], dict[str, Any]], literal: str, role: str
@@ -223,7 +223,7 @@ def test_error_offsets_are_inside_the_input(data: list[int] | str, completion: b
 @given(st.data())
 def test_ids_of_valid_requests_mutated_never_crash(data: st.DataObject) -> None:
     """Near-valid ids: a rendered request with a few ids dropped, duplicated or replaced."""
-    body, kwargs = data.draw(requests())
+    body, kwargs = data.draw(xt.requests(K3, keywords=True))
     ids = _encode(body, kwargs)
     mids = sorted(marker_ids().values())
     for _ in range(data.draw(st.integers(1, 3))):

@@ -78,7 +78,6 @@ BAD: list[tuple[Any, dict[str, Any], type[xtml.XtmlError], str]] = [
     ({"messages": [], "bogus": 1}, {}, xtml.RequestError, "unknown request key 'bogus'"),
     ([U], {"bogus": 1}, xtml.OptionError, "unknown option 'bogus'"),
     ([U], {"thinking": "yes"}, xtml.OptionError, "thinking must be true or false"),
-    ([U], {"reasoning_effort": "none", "thinking": True}, xtml.OptionError, "switches thinking off"),
     ([U], {"tool_choice": "sometimes"}, xtml.OptionError, "tool_choice must be"),
     ([U], {"response_format": {"type": "xml"}}, xtml.OptionError, "response_format type"),
     ([U], {"image_prompts": ["not a prompt"]}, xtml.OptionError, "not an image prompt"),

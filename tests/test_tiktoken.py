@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import xtml
 from tests.conftest import deepseek_path, load_cases, request_of
-from tests.strategies import requests
 from tests.test_cli import EXAMPLE, run
+from xtml.testing import requests
 from xtml.vocab.tiktoken import KIMI_PATTERN, RESERVED_NAME, TiktokenVocabulary
 from xtml.vocab.vocabulary import _byte_to_char
 
@@ -191,7 +191,7 @@ def test_conformance_vectors(tv: xtml.Vocabulary, case: dict[str, Any]) -> None:
 
 
 @SLOW
-@given(requests())
+@given(requests(K3, keywords=True))
 def test_round_trip_ids(tv: xtml.Vocabulary, req: tuple[dict[str, Any], dict[str, Any]]) -> None:
     body, kwargs = req
     ids = K3.encode(body, tv, **kwargs)

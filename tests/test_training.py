@@ -326,7 +326,7 @@ def test_map_function_rows_and_bad_rows() -> None:
     assert out["input_ids"][1] == [] and out["length"][1] == 0
     assert out["error"][1] == "role 'wizard' is not one of system, user, assistant, tool (at messages[0].role)"
     assert out["input_ids"][2] == K3.encode([{"role": "user", "content": "hi"}], vocab, add_generation_prompt=False)
-    assert out["error"][3].startswith("column 'messages' holds invalid JSON")
+    assert out["error"][3].startswith("column 'messages': invalid JSON: ")
     assert fn({"request": ['{"messages": [{"role": "user", "content": "hi"}]}']})["input_ids"] == [out["input_ids"][2]]
     assert fn({"text": ["x"]})["error"] == ["the row has no 'messages' or 'request' column"]
 

@@ -18,14 +18,17 @@ from .errors import (
     XtmlError,
 )
 from .markup.segments import Segment
+from .serving.conversation import Conversation
 from .serving.stream import StreamEvent, StreamParser
-from .template import Rendered, Template, load
+from .template import Ambiguity, Rendered, Template, load
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Ambiguity",
+    "Conversation",
     "MarkupError",
     "MessageError",
     "OptionError",

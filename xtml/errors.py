@@ -105,3 +105,18 @@ class TokenizerError(XtmlError):
 
 class TemplateError(XtmlError):
     """A template (dialect) file is invalid."""
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for a message, bounded: a bad input can be an integer
+    with more digits than ``repr`` converts (it raises) or a string of
+    megabytes, and the message must still be one short line."""
+    if type(value) is int:
+        if value.bit_length() > 128:
+            return f"an integer of {value.bit_length():,} bits"
+        return repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int subclass, or a container holding a huge int
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"

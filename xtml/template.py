@@ -7,38 +7,103 @@ Data flow: request → (chat layer) markup tree → (markup layer) segments →
 
 from __future__ import annotations
 
+import operator
 import os
+import re
 import weakref
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .chat.dialect import Dialect, load_dialect
 from .chat.parse import parse_completion, parse_conversation
 from .chat.render import normal_form, render, render_tree
-from .chat.request import Msg, Options, prepare
-from .errors import ParseError, RequestError
+from .chat.request import MAX_CHARS, Msg, Options, prepare, split_request
+from .errors import OptionError, ParseError, RequestError, shown
 from .markup.grammar import parse_lexemes
-from .markup.markers import CLOSE, END, SEP, TEXT
+from .markup.markers import CLOSE, END, SEP, TEXT, Markers
 from .markup.nodes import Diagnostic, Document, Element
-from .markup.parse import Lexemes, build, lex_text, line_col
+from .markup.parse import Lexemes, build, check_size, lex_text, line_col
 from .markup.segments import Segment, to_segments
+from .markup.sink import TreeBuilder
+from .serving.conversation import Conversation
+from .serving.grammar import completion_grammar
 from .serving.stream import StreamParser
 from .training.masks import TrainingExample, encode_example
 from .vocab.binding import Binding
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
 
-__all__ = ["Rendered", "Template", "load"]
+__all__ = ["Ambiguity", "Rendered", "Template", "load"]
 
 
-class Rendered(NamedTuple):
-    """What :meth:`Template.render` returns."""
+class Ambiguity(NamedTuple):
+    """A marker literal in the text of a render: read back as text, it is a
+    marker (spec.md §5)."""
 
+    offset: int
+    """Where it starts in :attr:`Rendered.text`."""
+    marker: str
+    """The marker string."""
+    message: int
+    """The message it is in: its position among the messages of the rendered
+    text, from 0 (the template's own system messages count; the generation
+    prompt is the last). -1 when the render's markers are unknown."""
+    segment: int
+    """The segment it starts in."""
+
+
+class _TextAndSegments(NamedTuple):
     text: str
     """The canonical text form."""
     segments: list[Segment]
     """``(text, special)`` pairs; tokenized one by one they give the ids."""
+
+
+class Rendered(_TextAndSegments):
+    """What :meth:`Template.render` returns: the pair ``(text, segments)``,
+    which also knows where its text form is ambiguous (:attr:`ambiguous`)."""
+
+    # A pair still, so that ``text, segments = template.render(...)`` holds;
+    # the markers ride in the instance's __dict__, outside the tuple.
+    _markers: Markers | None = None
+
+    def __new__(cls, text: str, segments: list[Segment], markers: Markers | None = None) -> Rendered:
+        self = super().__new__(cls, text, segments)
+        self._markers = markers
+        return self
+
+    @cached_property
+    def ambiguous(self) -> tuple[Ambiguity, ...]:
+        """Every marker literal that a text parse would read as a marker but
+        that is not one: the text form reads back as what was rendered
+        exactly when this is empty. Token ids are never ambiguous."""
+        segs = self.segments
+        markers = self._markers
+        if markers is not None:
+            finder = markers.splitter()
+            end: str | None = markers.end
+        else:  # made by hand: the markers it holds are all that is known
+            held = sorted({s.text for s in segs if s.special}, key=len, reverse=True)
+            if not held:
+                return ()
+            finder = re.compile("|".join(map(re.escape, held)))
+            end = None
+        found: list[Ambiguity] = []
+        k = ends = 0
+        stop = len(segs[0].text) if segs else 0
+        for m in finder.finditer(self.text):
+            at = m.start()
+            while stop <= at and k + 1 < len(segs):
+                if segs[k].special and segs[k].text == end:
+                    ends += 1
+                k += 1
+                stop += len(segs[k].text)
+            if segs[k].special and m.end() <= stop:
+                continue  # a marker of the render (or one inside an embed)
+            found.append(Ambiguity(at, m.group(), ends if end is not None else -1, k))
+        return tuple(found)
 
 
 TokenizerLike = Vocabulary | str | os.PathLike[str] | Any
@@ -52,6 +117,19 @@ class Template:
         self.markers = dialect.markers
         self._bindings: weakref.WeakKeyDictionary[Vocabulary, Binding] = weakref.WeakKeyDictionary()
         self._loaded: dict[str, Vocabulary] = {}
+        # A tokenizer object's Vocabulary (a copy, made once: a large
+        # vocabulary takes a second to copy), with the marker ids it was made
+        # with. By the object while it lives, or by id() with the object kept
+        # alive, for one that takes no weak reference.
+        self._copies: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Vocabulary]] = \
+            weakref.WeakKeyDictionary()
+        self._pinned: dict[int, tuple[Any, tuple[Any, ...], Vocabulary]] = {}
+        self.max_chars: int | None = MAX_CHARS
+        """The largest request (characters of its strings, keys included,
+        plus one per value) and the longest parse input (characters of text,
+        or token ids) this template takes; None: no limit. A call's own
+        ``max_chars=`` keyword overrides it. Past it: :class:`RequestError`
+        or :class:`ParseError`, in lenient parses too."""
 
     @property
     def name(self) -> str:
@@ -67,6 +145,8 @@ class Template:
     # -- render ------------------------------------------------------------------
 
     def _prepare(self, request: Any, options: dict[str, Any]) -> tuple[Options, list[Msg]]:
+        if options.get("max_chars") is None:
+            options["max_chars"] = self.max_chars
         return prepare(self.dialect, request, options)
 
     def document(self, request: Any, **options: Any) -> Document:
@@ -78,7 +158,7 @@ class Template:
         """Text and segments of a request (a chat-completions body or a list of
         messages); keyword options override the request's own."""
         segs = to_segments(self.document(request, **options), self.markers)
-        return Rendered("".join(s.text for s in segs), segs)
+        return Rendered("".join(s.text for s in segs), segs, self.markers)
 
     def normalize(self, request: Any, **options: Any) -> dict[str, Any]:
         """The request as parse would return it after render (spec.md, "Normal form")."""
@@ -102,6 +182,12 @@ class Template:
         """Ids (as :meth:`encode`), loss mask and message/channel spans of a
         request; ``train`` overrides what the template trains (see
         :func:`xtml.training.encode_training`)."""
+        if options.get("max_chars") is None:
+            options["max_chars"] = self.max_chars
+        if split_request(request, {k: v for k, v in options.items() if k != "max_chars"})[1].get(
+                "continue_final_message"):
+            raise OptionError("a training example ends with its last message closed; continue_final_message "
+                              "is for prompts", option="continue_final_message")
         return encode_example(self.dialect, self.bind(tokenizer), request, train=train, options=options)
 
     def bind(self, tokenizer: TokenizerLike) -> Binding:
@@ -121,7 +207,32 @@ class Template:
             if key not in self._loaded:
                 self._loaded[key] = load_tokenizer(tokenizer)
             return self._loaded[key]
-        return Vocabulary(tokenizer)
+        # A transformers PreTrainedTokenizerFast: its tokenizers.Tokenizer,
+        # which holds the added special tokens too.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and type(backend).__module__.startswith("tokenizers"):
+            tokenizer = backend
+        # Marker tokens added to the object after a first use (as the error
+        # for a tokenizer without them advises) make a new copy.
+        token_to_id = getattr(tokenizer, "token_to_id", None)
+        stamp = tuple(token_to_id(m) for m in self.markers.all()) if callable(token_to_id) else ()
+        try:
+            hit = self._copies.get(tokenizer)
+            weak = True
+        except TypeError:  # no weak reference to it
+            pinned = self._pinned.get(id(tokenizer))
+            hit = pinned[1:] if pinned is not None and pinned[0] is tokenizer else None
+            weak = False
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        vocab = Vocabulary(tokenizer)
+        if weak:
+            self._copies[tokenizer] = (stamp, vocab)
+        else:
+            if len(self._pinned) >= 8:
+                del self._pinned[next(iter(self._pinned))]
+            self._pinned[id(tokenizer)] = (tokenizer, stamp, vocab)
+        return vocab
 
     def generation_prompt(self, *, thinking: bool | None = None) -> list[Segment]:
         """The segments that open the assistant's turn."""
@@ -134,11 +245,70 @@ class Template:
         channel = (Element(tag, (), (), closed=False),) if tag else ()
         return [Element(n["message"], ((n["role"], "assistant"),), channel, closed=False)]
 
+    def _prefill_nodes(self, message: Any, thinking: bool) -> list[Element]:
+        """The final message of a continue_final_message render, open."""
+        o, msgs = self._prepare({"messages": [message], "thinking": thinking, "continue_final_message": True}, {})
+        tb = TreeBuilder()
+        render(self.dialect, o, msgs, tb)
+        last = tb.finish()[-1]
+        assert isinstance(last, Element)
+        return [last]
+
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,
                lenient: bool = True) -> StreamParser:
         """A :class:`~xtml.stream.StreamParser` for what a model generates
         after this template's generation prompt."""
-        return StreamParser(self, tokenizer, thinking=thinking, keep=keep, lenient=lenient)
+        return StreamParser(self.dialect, self.bind(tokenizer), thinking=thinking, keep=keep, lenient=lenient)
+
+    def conversation(self, tokenizer: TokenizerLike, messages: Sequence[Any] = (), *,
+                     max_chars: int | None = None, unknown_keys: str = "error", **options: Any) -> Conversation:
+        """A :class:`~xtml.serving.conversation.Conversation` of this
+        template: messages and conversation options (``tools``, ``thinking``,
+        ``thinking_effort`` ...) whose ids are kept, so that each turn renders
+        only what is new. Its :meth:`~Conversation.prompt_ids` are always
+        :meth:`encode` of the whole request."""
+        binding = self.bind(tokenizer)
+        vocab = binding.vocab
+
+        def read(ids: Sequence[int], *, thinking: bool, prefill: Any, lenient: bool) -> dict[str, Any]:
+            return self.parse(ids, vocab, completion=True, thinking=thinking, prefill=prefill, lenient=lenient,
+                              max_chars=max_chars)
+
+        return Conversation(self.dialect, binding, read, messages,
+                            max_chars=self.max_chars if max_chars is None else max_chars,
+                            unknown_keys=unknown_keys, **options)
+
+    def completion_ids(self, text: str, tokenizer: TokenizerLike) -> list[int]:
+        """Token ids of a completion given as text, as the model would have
+        generated it: every marker string is its special id, the text between
+        markers is ordinary text (each run encoded whole, so a tag header may
+        take other ids than the renderer's, which encodes its parts one by
+        one; parses read both the same). For streaming a completion that
+        was saved as text; the inverse of decoding without skipping special
+        tokens."""
+        if not isinstance(text, str):
+            raise TypeError("expected the completion's text")
+        check_size(text, self.max_chars)
+        segs: list[Segment] = []
+        pos = 0
+        for m in self.markers.splitter().finditer(text):
+            if m.start() > pos:
+                segs.append(Segment(text[pos : m.start()], False))
+            segs.append(Segment(m.group(), True))
+            pos = m.end()
+        if pos < len(text):
+            segs.append(Segment(text[pos:], False))
+        return self.bind(tokenizer).encode_segments(segs)
+
+    def completion_grammar(self, request: Any, tokenizer: TokenizerLike | None = None, *,
+                           format: str = "llguidance", **options: Any) -> str:
+        """The grammar of what the assistant may generate for ``request``
+        after the generation prompt, for constrained decoding: Lark text
+        ``llguidance.LLMatcher`` loads as it is, or xgrammar EBNF
+        (``format="xgrammar"``, which needs the tokenizer). ``options`` are
+        the request's options and those of
+        :func:`xtml.serving.grammar.completion_grammar`."""
+        return completion_grammar(self, request, tokenizer, format=format, **options)
 
     # -- parse -------------------------------------------------------------------
 
@@ -150,20 +320,36 @@ class Template:
         completion: bool = False,
         lenient: bool = False,
         thinking: bool | None = None,
+        max_chars: int | None = None,
+        prefill: Any = None,
     ) -> dict[str, Any]:
         """Token ids (with their tokenizer) or text back to a request.
 
         ``completion=True`` reads what a model generated after the generation
         prompt and returns one assistant message; ``thinking`` says which
-        prompt that was (default: the template's default mode). Strict parses
+        prompt that was (default: the template's default mode). With
+        ``prefill`` (the final assistant message of a request rendered with
+        ``continue_final_message``), the input is what the model generated
+        after that open message, and the result is the whole message. Strict parses
         raise :class:`ParseError` with the token offset (or line and column);
         ``lenient=True`` never raises on content and adds ``"diagnostics"``.
+        ``max_chars`` caps the input's length (default: :attr:`max_chars`).
         """
+        check_size(data, self.max_chars if max_chars is None else max_chars)
+        kept: list[int] | None = None
+        if lenient and tokenizer is not None and not isinstance(data, str | bytes | bytearray) \
+                and isinstance(data, Sequence):
+            data, kept, skipped = _skip_bad_ids(data, self.bind(tokenizer).vocab.size)
         try:
-            result, diags = self._parse(data, tokenizer, completion, lenient, thinking)
+            result, diags = self._parse(data, tokenizer, completion, lenient, thinking, prefill)
         except RecursionError:
             raise ParseError("input nested too deeply", offset=0) from None
         if lenient:
+            if kept is not None:
+                # Offsets count in the caller's ids, the skipped ones too.
+                n = len(kept) + len(skipped)
+                diags = sorted([*skipped, *(Diagnostic(x.kind, kept[x.offset] if x.offset < len(kept) else n,
+                                                       x.message) for x in diags)], key=lambda x: x.offset)
             result["diagnostics"] = [x.as_dict() for x in diags]
         return result
 
@@ -174,8 +360,12 @@ class Template:
         completion: bool,
         lenient: bool,
         thinking: bool | None,
+        prefill: Any = None,
     ) -> tuple[dict[str, Any], list[Diagnostic]]:
         on = self.dialect.thinking_default if thinking is None else thinking
+        if prefill is not None and not completion:
+            raise TypeError("prefill= is the start of a completion: pass completion=True")
+        prompt = self._prompt_nodes(on) if prefill is None else self._prefill_nodes(prefill, on)
         is_text = isinstance(data, str)
         if not is_text:
             if tokenizer is None:
@@ -186,7 +376,7 @@ class Template:
         if is_text:
             text = str(data)
             if completion:
-                prefix = "".join(s.text for s in self.generation_prompt(thinking=on))
+                prefix = "".join(s.text for s in to_segments(prompt, self.markers))
                 shift = len(prefix)
                 text = prefix + text
             lx = lex_text(text, self.markers)
@@ -201,10 +391,13 @@ class Template:
                 doc = binding.document(ids, lenient=lenient)
                 return parse_conversation(self.dialect, doc, lenient=lenient)
             if completion:
-                prefix_ids = binding.encode(self._prompt_nodes(on))
+                prefix_ids = binding.encode(prompt)
                 shift = len(prefix_ids)
                 ids = prefix_ids + ids
-            lx = binding.lex(ids)
+            try:
+                lx = binding.lex(ids)
+            except ParseError as e:
+                raise _relocate(e, shift, None) from None
             line_of = None  # type: ignore[assignment]
         if completion:
             _end_if_closed(lx, self.dialect.names["message"])
@@ -218,6 +411,33 @@ class Template:
             return parse_conversation(self.dialect, doc, lenient=lenient)
         except ParseError as e:
             raise _relocate(e, shift, line_of) from None
+
+
+def _skip_bad_ids(ids: Sequence[Any], size: int) -> tuple[Sequence[int], list[int] | None, list[Diagnostic]]:
+    """What a lenient parse reads of ``ids``: the ids of the vocabulary (as
+    ints), where each stood (None: all of them, in place), and a ``bad-id``
+    diagnostic for each of the rest, which are skipped as the stream skips
+    them."""
+    try:
+        # In C: the common case costs no loop in Python.
+        if not ids or (min(ids) >= 0 and max(ids) < size and set(map(type, ids)) == {int}):
+            return ids, None, []
+    except TypeError:
+        pass
+    out: list[int] = []
+    kept: list[int] = []
+    skipped: list[Diagnostic] = []
+    for k, t in enumerate(ids):
+        try:
+            i = operator.index(t)
+        except TypeError:
+            i = -1
+        if 0 <= i < size:
+            out.append(i)
+            kept.append(k)
+        else:
+            skipped.append(Diagnostic("bad-id", k, f"{shown(t)} is not a token id of this tokenizer"))
+    return out, kept, skipped
 
 
 def _end_if_closed(lx: Lexemes, message_tag: str) -> None:

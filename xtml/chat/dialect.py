@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,9 +20,11 @@ from typing import Any
 from ..errors import TemplateError
 from ..markup.header import is_name
 from ..markup.markers import Markers
-from ..plugins import get as get_plugin
+from ..markup.parse import QUOTE_LIMIT, excerpt
+from ..plugins import configure as configure_plugin
 from ..plugins.api import ChannelExtension, ContentExtension
 from ..plugins.image import ImageExtension
+from .regex_check import RegexRisk, check_pattern
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -36,8 +39,6 @@ class Body:
     """The body as written in the file."""
     names: tuple[str, ...]
     """Placeholder names in order."""
-    pattern: re.Pattern[str]
-    """Matches a rendered body and captures the placeholders."""
     plain: str = ""
     """The rendered body, for a body without placeholders."""
     literals: tuple[str, ...] = ("",)
@@ -47,42 +48,42 @@ class Body:
     @classmethod
     def compile(cls, source: str, where: str) -> Body:
         names: list[str] = []
-        rx: list[str] = []
-        literals = [""]
+        seen: set[str] = set()
+        literals: list[str] = []
+        piece: list[str] = []
         pos = 0
         for m in _PLACEHOLDER.finditer(source):
-            rx.append(re.escape(source[pos : m.start()]))
-            literals[-1] += source[pos : m.start()]
+            piece.append(source[pos : m.start()])
             tok = m.group(0)
-            if tok == "{{":
-                rx.append(re.escape("{"))
-                literals[-1] += "{"
-            elif tok == "}}":
-                rx.append(re.escape("}"))
-                literals[-1] += "}"
+            if tok == "{{" or tok == "}}":
+                piece.append(tok[0])
             else:
-                literals.append("")
                 name = m.group(1)
-                if name in names:
-                    raise TemplateError(f"placeholder {{{name}}} is used twice", location=where)
+                if name in seen:
+                    raise TemplateError(f"placeholder {{{excerpt(name)[1:-1]}}} is used twice", location=where)
+                seen.add(name)
                 names.append(name)
-                rx.append(f"(?P<{name}>.*)")
+                literals.append("".join(piece))
+                piece = []
             pos = m.end()
         rest = source[pos:]
         if "{" in rest.replace("{{", "") or "}" in rest.replace("}}", ""):
             raise TemplateError("a lone brace in a body; write {{ or }} for a literal one", location=where)
-        rx.append(re.escape(rest))
-        literals[-1] += rest
-        pattern = re.compile("".join(rx), re.DOTALL)
+        piece.append(rest)
+        literals.append("".join(piece))
         plain = _PLACEHOLDER.sub(lambda m: m.group(0)[0], source).strip()
-        return cls(source, tuple(names), pattern, plain, tuple(literals))
+        return cls(source, tuple(names), plain, tuple(literals))
+
+    def _literals(self) -> tuple[str, ...]:
+        lits = self.literals
+        if len(lits) != len(self.names) + 1:  # made directly, not by compile()
+            lits = Body.compile(self.source, "").literals
+        return lits
 
     def render(self, **values: str) -> str:
         if not self.names:
             return self.plain
-        lits = self.literals
-        if len(lits) != len(self.names) + 1:  # made directly, not by compile()
-            lits = Body.compile(self.source, "").literals
+        lits = self._literals()
         out = [lits[0]]
         for name, lit in zip(self.names, lits[1:]):
             out.append(values[name])
@@ -90,11 +91,38 @@ class Body:
         return "".join(out).strip()
 
     def match(self, text: str) -> dict[str, str] | None:
-        m = self.pattern.fullmatch(text)
-        if m is None:
+        """The placeholders' values in a rendered body, or None."""
+        got = self._match(text)
+        if got is None and text != text.strip():
             # The rendered body was stripped: retry against the stripped form.
-            m = self.pattern.fullmatch(text.strip()) if text != text.strip() else None
-        return None if m is None else m.groupdict()
+            got = self._match(text.strip())
+        return got
+
+    def _match(self, text: str) -> dict[str, str] | None:
+        # What ``lit0(.*)lit1(.*)…litN`` (greedy, fully matched) captures,
+        # without a regular expression: parsed text is model output, and
+        # such a pattern can backtrack for time quadratic in it. Greedy
+        # groups put each literal at its last possible place, found from
+        # the right, one reverse search each.
+        lits = self._literals()
+        first, last = lits[0], lits[-1]
+        if not self.names:
+            return {} if text == first else None
+        if len(text) < len(first) + len(last) or not text.startswith(first) or not text.endswith(last):
+            return None
+        starts = [len(text) - len(last)]
+        for lit in reversed(lits[1:-1]):
+            at = text.rfind(lit, len(first), starts[-1])
+            if at < 0:
+                return None
+            starts.append(at)
+        starts.reverse()
+        values: dict[str, str] = {}
+        pos = len(first)
+        for name, lit, at in zip(self.names, lits[1:], starts):
+            values[name] = text[pos:at]
+            pos = at + len(lit)
+        return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +199,9 @@ class Dialect:
     channel_exts: tuple[ChannelExtension, ...] = ()
     """The channel plugins of ``channel_order``, in that order."""
     training: Training = field(default_factory=lambda: Training())
+    off_wins: bool = False
+    """Whether a ``reasoning_effort`` in ``thinking_off`` turns thinking off
+    even when ``thinking`` is true (else that contradiction is an error)."""
 
     def n(self, key: str) -> str:
         """An element or attribute name by its role (``message``, ``role`` ...)."""
@@ -219,11 +250,17 @@ class Problem:
 
     def where(self, file: str) -> str:
         pos = f"{file}:{self.line}:{self.column}" if self.line is not None else file
-        return f"{pos}: {self.key}" if self.key else pos
+        key = self.key if len(self.key) <= 2 * QUOTE_LIMIT else self.key[: 2 * QUOTE_LIMIT - 1] + "…"
+        return f"{pos}: {key}" if key else pos
 
 
 class _Stop(Exception):
     """A section is too broken to read further; its problem is recorded."""
+
+
+# A file with more problems than this lists these and counts the rest: a
+# generated file with a million bad keys must not make a million messages.
+MAX_PROBLEMS = 200
 
 
 class _Check:
@@ -232,16 +269,28 @@ class _Check:
 
     def __init__(self) -> None:
         self.problems: list[Problem] = []
+        self.unlisted = 0
+        """Problems past :data:`MAX_PROBLEMS`, counted but not kept."""
+
+    @property
+    def full(self) -> bool:
+        return len(self.problems) >= MAX_PROBLEMS
 
     def add(self, message: str, key: str, hint: str = "") -> None:
+        if self.full:
+            self.unlisted += 1
+            return
         self.problems.append(Problem(message, key, hint))
 
     def keys(self, d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
         for k in d:
             if k not in allowed:
+                if self.full:
+                    self.unlisted += 1
+                    continue
                 close = difflib.get_close_matches(k, allowed, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"allowed here: {', '.join(allowed)}"
-                self.add(f"unknown key {k!r}", _join(where, k), hint)
+                self.add(f"unknown key {excerpt(k)}", _join(where, k), hint)
 
     def table(self, d: dict[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
         if key not in d:
@@ -251,7 +300,7 @@ class _Check:
             return {}
         v = d[key]
         if not isinstance(v, dict):
-            self.add(f"{key!r} must be a table, not {_toml_type(v)}", _join(where, key))
+            self.add(f"{excerpt(key)} must be a table, not {_toml_type(v)}", _join(where, key))
             return {}
         return v
 
@@ -259,19 +308,19 @@ class _Check:
         here = _join(where, key)
         if key not in d:
             if default is _Stop:
-                self.add(f"missing key {key!r}", here, f"add {key} = <{_toml_name(typ)}>")
+                self.add(f"missing key {excerpt(key)}", here, f"add {key} = <{_toml_name(typ)}>")
                 raise _Stop
             return default
         v = d[key]
         if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-            self.add(f"{key!r} must be {_toml_name(typ)}, not {_toml_type(v)}", here)
+            self.add(f"{excerpt(key)} must be {_toml_name(typ)}, not {_toml_type(v)}", here)
             raise _Stop
         return v
 
     def strings(self, d: dict[str, Any], key: str, where: str, default: list[str] | None = None) -> tuple[str, ...]:
         v = self.value(d, key, list, where, default=default if default is not None else _Stop)
         if not all(isinstance(x, str) for x in v):
-            self.add(f"{key!r} must be a list of strings", _join(where, key))
+            self.add(f"{excerpt(key)} must be a list of strings", _join(where, key))
             raise _Stop
         return tuple(v)
 
@@ -315,7 +364,7 @@ def _markers(c: _Check, data: dict[str, Any]) -> Markers:
         keyed += [(f"markers.{k}[{j}]", v) for j, v in enumerate(groups[k])]
     for key, v in keyed:
         if v in where:
-            c.add(f"marker {v!r} is used twice ({where[v]} and {key})", key, "every marker needs its own string")
+            c.add(f"marker {excerpt(v)} is used twice ({where[v]} and {key})", key, "every marker needs its own string")
         where.setdefault(v, key)
     for v, key in where.items():
         if not v:
@@ -323,12 +372,12 @@ def _markers(c: _Check, data: dict[str, Any]) -> Markers:
     for a, ka in where.items():
         for b, kb in where.items():
             if a and a != b and a in b:
-                c.add(f"marker {a!r} ({ka}) is contained in marker {b!r} ({kb}), so text could not be split",
-                      ka, "choose strings where neither is part of the other")
+                c.add(f"marker {excerpt(a)} ({ka}) is contained in marker {excerpt(b)} ({kb}), so text could "
+                      "not be split", ka, "choose strings where neither is part of the other")
     for k in ("optional", "stop"):
         for v in groups[k]:
             if v not in where:
-                c.add(f"{v!r} is not one of the markers", f"markers.{k}", "list marker strings defined above")
+                c.add(f"{excerpt(v)} is not one of the markers", f"markers.{k}", "list marker strings defined above")
     stop = groups["stop"] or (single["end"],)
     if c.problems:
         raise _Stop
@@ -347,14 +396,14 @@ def _names(c: _Check, data: dict[str, Any]) -> dict[str, str]:
         if v is None:
             continue
         if not is_name(v):
-            c.add(f"{v!r} is not a valid tag or attribute name", f"names.{k}",
+            c.add(f"{excerpt(v)} is not a valid tag or attribute name", f"names.{k}",
                   "a name starts with a letter or _ and holds letters, digits, _ - . :")
         names[k] = v
     elements = [k for k in ("message", "think", "response", "tools", "call", "argument", "json") if k in names]
     seen: dict[str, str] = {}
     for k in elements:
         if names[k] in seen:
-            c.add(f"element name {names[k]!r} is used for both {seen[names[k]]} and {k}", f"names.{k}",
+            c.add(f"element name {excerpt(names[k])} is used for both {seen[names[k]]} and {k}", f"names.{k}",
                   "each element needs its own name")
         seen.setdefault(names[k], k)
     if len(names) != len(NAME_KEYS):
@@ -367,7 +416,7 @@ def _names(c: _Check, data: dict[str, Any]) -> dict[str, str]:
         used: dict[str, str] = {}
         for k in keys:
             if names[k] in used:
-                c.add(f"attribute name {names[k]!r} is used for both {used[names[k]]} and {k}, which stand "
+                c.add(f"attribute name {excerpt(names[k])} is used for both {used[names[k]]} and {k}, which stand "
                       f"together on a {element} element", f"names.{k}", "give each attribute its own name")
             used.setdefault(names[k], k)
     return names
@@ -383,13 +432,13 @@ def _roles(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, 
     aliases = c.value(ro, "aliases", dict, "roles", default={})
     for k, v in aliases.items():
         if not isinstance(v, str) or v not in roles:
-            c.add(f"alias {k!r} must name an accepted role", f"roles.aliases.{k}")
+            c.add(f"alias {excerpt(k)} must name an accepted role", f"roles.aliases.{k}")
     return roles, dict(aliases)
 
 
-def _thinking(c: _Check, data: dict[str, Any]) -> tuple[bool, tuple[str, ...], str, tuple[str, ...]]:
+def _thinking(c: _Check, data: dict[str, Any]) -> tuple[bool, tuple[str, ...], str, tuple[str, ...], bool]:
     th = c.table(data, "thinking", "")
-    c.keys(th, ("default", "efforts", "default_effort", "off"), "thinking")
+    c.keys(th, ("default", "efforts", "default_effort", "off", "off_wins"), "thinking")
     default = c.value(th, "default", bool, "thinking", default=True)
     efforts = c.strings(th, "efforts", "thinking")
     if not efforts:
@@ -397,10 +446,10 @@ def _thinking(c: _Check, data: dict[str, Any]) -> tuple[bool, tuple[str, ...], s
         raise _Stop
     effort = c.value(th, "default_effort", str, "thinking")
     if effort not in efforts:
-        c.add(f"default_effort {effort!r} is not one of efforts", "thinking.default_effort",
+        c.add(f"default_effort {excerpt(effort)} is not one of efforts", "thinking.default_effort",
               f"pick one of {', '.join(efforts)}")
     off = c.strings(th, "off", "thinking", [])
-    return default, efforts, effort, off
+    return default, efforts, effort, off, c.value(th, "off_wins", bool, "thinking", default=False)
 
 
 def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, str],
@@ -414,13 +463,13 @@ def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
     for name in order:
         # The channels come through the plugin door like every element.
         try:
-            ext = get_plugin(name, "channels.order").configure({}, "channels.order")
+            ext = configure_plugin(name, {}, "channels.order")
         except TemplateError as e:
             close = difflib.get_close_matches(name, _CHANNELS, n=1)
             c.add(e.msg, "channels.order", f"did you mean {close[0]!r}?" if close else "")
             continue
         if not isinstance(ext, ChannelExtension):
-            c.add(f"plugin {name!r} is not a channel", "channels.order")
+            c.add(f"plugin {excerpt(name)} is not a channel", "channels.order")
             continue
         exts.append(ext)
     gen = c.table(data, "generation", "", required=False)
@@ -436,7 +485,7 @@ def _channels(c: _Check, data: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
             # What the prompt opens is where the model starts writing: a
             # channel before it in the order could never follow.
             if p and order.index("response") < order.index(p):
-                c.add(f"the {mode} generation prompt opens {p!r}, which the order puts after 'response': "
+                c.add(f"the {mode} generation prompt opens {excerpt(p)}, which the order puts after 'response': "
                       "a completion could never hold a response", f"generation.{mode}",
                       "put the opened channel before response in [channels] order")
     return order, (picked[0], picked[1]), tuple(exts)
@@ -451,16 +500,24 @@ def _plugins(c: _Check, data: dict[str, Any]) -> dict[str, Any]:
             c.add(f"[{here}] must be a table of settings", here)
             continue
         try:
-            out[name] = get_plugin(name, here).configure(settings, here)
+            out[name] = configure_plugin(name, settings, here)
         except TemplateError as e:
             hint = "pip install the package that provides it" if "not installed" in e.msg else ""
             c.add(e.msg, e.location or here, hint)
         except Exception as e:  # a plugin's own bug must not pass for a valid template
-            c.add(f"plugin {name!r} failed on its settings: {type(e).__name__}: {e}", here)
+            c.add(f"plugin {excerpt(name)} failed on its settings: {type(e).__name__}: {_clip(str(e))}", here)
     images = out.get("image")
     if images is not None and not isinstance(images, ImageExtension):
         c.add("the plugin named 'image' must configure images", "plugins.image")
         del out["image"]
+    elif images is not None:
+        # The prompt runs on request input and on parsed model output.
+        try:
+            check_pattern(images.prompt.pattern, images.prompt.flags)
+        except RegexRisk as e:
+            c.add(f"the prompt pattern may take time that grows faster than its input: {e}", "plugins.image.prompt",
+                  "write it so that each character can be read only one way (no nested or overlapping repeats, "
+                  "no backreferences); see docs/templates.md")
     return out
 
 
@@ -480,9 +537,10 @@ def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str], marker_s
             continue
         for t in ext.part_types:
             if t in ("text", "input_text"):
-                c.add(f"plugin {pname!r} claims the text part type {t!r}", f"plugins.{pname}")
+                c.add(f"plugin {excerpt(pname)} claims the text part type {excerpt(t)}", f"plugins.{pname}")
             elif t in parts:
-                c.add(f"content part type {t!r} is claimed by plugins {parts[t][0]!r} and {pname!r}",
+                c.add(f"content part type {excerpt(t)} is claimed by plugins {excerpt(parts[t][0])} and "
+                      f"{excerpt(pname)}",
                       f"plugins.{pname}", "enable only one of them, or change one's part_types")
             else:
                 parts[t] = (pname, ext)
@@ -490,22 +548,26 @@ def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str], marker_s
             bad = [k for k in spec if not is_name(k)] + [f"{k} ({t!r})" for k, t in spec.items()
                                                          if t not in (str, int, float, bool)]
             if e not in ext.elements or bad:
-                c.add(f"plugin {pname!r} declares attributes badly for {e!r}: "
+                c.add(f"plugin {excerpt(pname)} declares attributes badly for {excerpt(e)}: "
                       f"{'not one of its elements' if e not in ext.elements else ', '.join(bad)}",
                       f"plugins.{pname}")
         for e in ext.elements:
             if not is_name(e):
-                c.add(f"plugin {pname!r} owns {e!r}, which is not a valid element name", f"plugins.{pname}")
+                c.add(f"plugin {excerpt(pname)} owns {excerpt(e)}, which is not a valid element name",
+                      f"plugins.{pname}")
             elif e in reserved:
-                c.add(f"plugin {pname!r} owns element {e!r}, which this template uses for {reserved[e]}",
+                c.add(f"plugin {excerpt(pname)} owns element {excerpt(e)}, which this template uses for "
+                      f"{reserved[e]}",
                       f"plugins.{pname}")
             elif e in elements:
-                c.add(f"element {e!r} is claimed by plugins {elements[e][0]!r} and {pname!r}", f"plugins.{pname}")
+                c.add(f"element {excerpt(e)} is claimed by plugins {excerpt(elements[e][0])} and "
+                      f"{excerpt(pname)}", f"plugins.{pname}")
             else:
                 elements[e] = (pname, ext)
         for mk in ext.markers:
             if mk not in marker_strings:
-                c.add(f"plugin {pname!r} writes {mk!r} as a marker, but it is not one of the template's markers",
+                c.add(f"plugin {excerpt(pname)} writes {excerpt(mk)} as a marker, but it is not one of the "
+                      "template's markers",
                       f"plugins.{pname}", "add it to [markers] (embed_inner or embed_mark)")
         if ext.grammar:
             fragments.append((pname, ext.grammar))
@@ -533,7 +595,7 @@ def _system(c: _Check, data: dict[str, Any]) -> dict[str, SystemMessage]:
         sample = sm.body.render(**dict.fromkeys(sm.body.names, "x"))
         for other, om in system.items():
             if other != key and om.type == sm.type and om.body.match(sample) is not None:
-                c.add(f"the body of system.{key} also reads as system.{other} (both of type {sm.type!r}), so "
+                c.add(f"the body of system.{key} also reads as system.{other} (both of type {excerpt(sm.type)}), so "
                       f"parse could not tell them apart", f"system.{key}.body",
                       "make the two bodies differ, or give them different types")
                 break
@@ -548,7 +610,7 @@ def _system_entry(c: _Check, sysd: dict[str, Any], key: str) -> SystemMessage:
     c.keys(entry, ("type", "position", "body"), where)
     pos = c.value(entry, "position", str, where)
     if pos not in POSITIONS:
-        c.add(f"position {pos!r} is not one of {', '.join(POSITIONS)}", f"{where}.position")
+        c.add(f"position {excerpt(pos)} is not one of {', '.join(POSITIONS)}", f"{where}.position")
     body = Body.compile(c.value(entry, "body", str, where), f"{where}.body")
     want = PLACEHOLDERS.get(key, frozenset())
     takes = ", ".join("{" + n + "}" for n in sorted(want)) or "no placeholder"
@@ -568,16 +630,17 @@ def _training(c: _Check, data: dict[str, Any], efforts: tuple[str, ...], names: 
     budgets = c.value(tr, "budgets", dict, where, default={})
     for k, v in budgets.items():
         if efforts and k not in efforts:
-            c.add(f"budget for unknown effort {k!r}", f"{where}.budgets.{k}", f"efforts are {', '.join(efforts)}")
+            c.add(f"budget for unknown effort {excerpt(k)}", f"{where}.budgets.{k}",
+                  f"efforts are {', '.join(efforts)}")
         if type(v) is not int or v <= 0:
-            c.add(f"budget {k!r} must be a positive integer", f"{where}.budgets.{k}")
+            c.add(f"budget {excerpt(k)} must be a positive integer", f"{where}.budgets.{k}")
     channels = c.strings(tr, "channels", where, [])
     exclude = c.strings(tr, "exclude", where, [])
     elements = {names[k] for k in ("think", "response", "tools", "call", "argument", "json") if k in names}
     for k, group in (("channels", channels), ("exclude", exclude)):
         for v in group:
             if names and v not in elements:
-                c.add(f"{v!r} is not an element of this template", f"{where}.{k}",
+                c.add(f"{excerpt(v)} is not an element of this template", f"{where}.{k}",
                       f"elements: {', '.join(sorted(elements))}")
     return Training(roles=c.strings(tr, "roles", where, ["assistant"]), channels=channels, exclude=exclude,
                     end=c.value(tr, "end", bool, where, default=True), budgets=dict(budgets))
@@ -610,7 +673,7 @@ def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
     return Dialect(
         name=name, description=description, markers=markers, names=names, roles=roles[0],
         role_aliases=roles[1], thinking_default=thinking[0], efforts=thinking[1], default_effort=thinking[2],
-        thinking_off=thinking[3],
+        thinking_off=thinking[3], off_wins=thinking[4],
         image_placeholder=images.placeholder if images else "",
         image_part_types=images.input_types if images else (),
         image_prompt=images.prompt if images else _NEVER,
@@ -630,11 +693,17 @@ def check(data: Any, path: str = "") -> tuple[Dialect | None, list[Problem]]:
         d = _build(c, data, path)
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as e:
         # A value of a shape the checks above did not foresee.
-        c.add(f"invalid template: {type(e).__name__}: {e}", "")
+        c.add(f"invalid template: {type(e).__name__}: {_clip(str(e))}", "")
         d = None
     if d is None and not c.problems:
         c.add("invalid template", "")
+    if c.unlisted:
+        c.problems.append(Problem(f"{c.unlisted:,} more problems not listed", ""))
     return (d if not c.problems else None), c.problems
+
+
+def _clip(text: str, limit: int = 4 * QUOTE_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def from_dict(data: dict[str, Any], path: str) -> Dialect:
@@ -651,36 +720,79 @@ def _first_or(d: Dialect | None, problems: list[Problem], file: str) -> Dialect:
     return d
 
 
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+# Table headers and keys, line by line. Each pattern reads a line one way
+# only (the regex_check module accepts them), so a hostile line costs time
+# linear in its length.
+_HEADER = re.compile(r"^\s*\[\[?([^\]]*)\]\]?\s*(?:#.*)?$")
 _KEY = re.compile(r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+))*)\s*=""")
+_DOTTED = re.compile(r"""\"[^\"]*\"|'[^']*'|[^.\s]+""")
+# A problem's key path split at dots, a bracketed part kept whole.
+_PART = re.compile(r"(?:[^.\[]|\[[^\]]*(?:\]|$))+")
+_INDEX = re.compile(r"\[\d+\]")
 
 
 def _dotted(s: str) -> list[str]:
-    return [p.strip().strip("\"'") for p in re.findall(r"""\"[^\"]*\"|'[^']*'|[^.\s]+""", s)]
+    return [p.strip().strip("\"'") for p in _DOTTED.findall(s)]
+
+
+class KeyIndex:
+    """Where each key path is written in a TOML text, read in one pass: a
+    file's problems are all located against it, not by reading the file
+    again for each one."""
+
+    def __init__(self, text: str) -> None:
+        # A trie of key paths: part → (position of its first appearance,
+        # children).
+        self._root: dict[str, tuple[list[tuple[int, int] | None], dict[str, Any]]] = {}
+        table: list[str] = []
+        for ln, line in enumerate(text.splitlines(), start=1):
+            m = _HEADER.match(line)
+            if m and not _KEY.match(line):
+                table = _dotted(m.group(1))
+                path, col = table, line.index("[") + 1
+            else:
+                m = _KEY.match(line)
+                if not m:
+                    continue
+                path, col = table + _dotted(m.group(1)), m.start(1) + 1
+            node = self._root
+            entry = None
+            for part in path:
+                entry = node.get(part)
+                if entry is None:
+                    entry = node[part] = ([None], {})
+                node = entry[1]
+            if entry is not None and entry[0][0] is None:
+                entry[0][0] = (ln, col)
+
+    def locate(self, key: str) -> tuple[int, int] | None:
+        """Line and column (1-based) of a dotted key path (list indexes
+        ignored): the key itself, else the nearest enclosing table or key."""
+        best = None
+        node = self._root
+        for part in _PART.findall(_INDEX.sub("", key)):
+            entry = node.get(part)
+            if entry is None:
+                break
+            if entry[0][0] is not None:
+                best = entry[0][0]
+            node = entry[1]
+        return best
+
+
+_last_index: list[tuple[str, KeyIndex]] = []
 
 
 def locate(text: str, key: str) -> tuple[int, int] | None:
     """Line and column (1-based) where a dotted key path is written in TOML
-    text: the key itself, else the nearest enclosing table or key."""
-    want = [p for p in re.split(r"\.(?![^\[]*\])", re.sub(r"\[\d+\]", "", key)) if p]
-    best: tuple[int, tuple[int, int]] | None = None
-    table: list[str] = []
-    for ln, line in enumerate(text.splitlines(), start=1):
-        m = _HEADER.match(line)
-        if m and not _KEY.match(line):
-            table = _dotted(m.group(1))
-            path, col = table, line.index("[") + 1
-        else:
-            m = _KEY.match(line)
-            if not m:
-                continue
-            path, col = table + _dotted(m.group(1)), m.start(1) + 1
-        k = 0
-        while k < min(len(path), len(want)) and path[k] == want[k]:
-            k += 1
-        if k == len(path) and k > 0 and (best is None or k > best[0]):
-            best = (k, (ln, col))
-    return None if best is None else best[1]
+    text: the key itself, else the nearest enclosing table or key. (The
+    index of the last text asked about is kept.)"""
+    if _last_index and _last_index[0][0] is text:
+        index = _last_index[0][1]
+    else:
+        index = KeyIndex(text)
+        _last_index[:] = [(text, index)]
+    return index.locate(key)
 
 
 BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml", "xtml-base": "xtml-base.toml"}
@@ -701,7 +813,7 @@ def read_template(name_or_path: str | Path) -> tuple[str, str]:
     p = Path(key)
     if not p.is_file():
         raise TemplateError(
-            f"no template named {key!r} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
+            f"no template named {excerpt(key)} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
         )
     try:
         return p.read_text(encoding="utf-8"), key
@@ -725,10 +837,124 @@ def starter_template(name: str) -> str:
 _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)|\(at end of document\)")
 
 
+# What a template file may be. Real ones are a few kilobytes with values a
+# few levels deep; these bounds keep a hostile file from costing more than a
+# second to refuse (the TOML reader recurses on nesting and takes time
+# quadratic in the parts of one dotted key).
+MAX_TEMPLATE_BYTES = 1 << 20
+MAX_STRING_CHARS = 64 << 10
+MAX_NESTING = 32
+
+# One TOML token: a string's opening quotes, a comment, a line end, a bracket
+# or brace, "=", ",", ".", or a run of anything else.
+_TOKEN = re.compile(r'"""' + r"|'''|" + r'''"|'|#[^\n]*|\n|[\[\]{}=,.]|[^"'#\n\[\]{}=,.]+''')
+_STRING_END = {
+    '"': re.compile(r'(?:[^"\\\n]|\\.)*"'),
+    "'": re.compile(r"[^'\n]*'"),
+    '"""': re.compile(r'(?:[^"\\]|\\[\s\S]|"(?!""))*"""(?:"{0,2})'),
+    "'''": re.compile(r"(?:[^']|'(?!''))*'''(?:'{0,2})"),
+}
+
+
+def _toml_bounds(text: str) -> Problem | None:
+    """The first place where ``text`` breaks :data:`MAX_NESTING` or
+    :data:`MAX_STRING_CHARS`, found in one linear pass (strings and comments
+    skipped, keys told from values) before the TOML reader sees it. Text
+    that is not TOML is left to the reader's own error."""
+    table = 0  # parts of the current [table] header
+    stack: list[tuple[str, int, int]] = []  # open [ and {: (kind, depth, key base)
+    mode = "key"  # reading a key, a value, a [table] header, or what follows one
+    base = 0  # depth the current key's parts add to
+    dots = 0  # dots in the current key or header
+    depth = 0  # depth of the value being read
+    pos = 0
+    n = len(text)
+
+    def problem(at: int, message: str) -> Problem:
+        line = text.count("\n", 0, at) + 1
+        return Problem(message, "", "", line, at - (text.rfind("\n", 0, at) + 1) + 1)
+
+    while pos < n:
+        m = _TOKEN.match(text, pos)
+        if m is None:  # pragma: no cover - the last alternative takes any other character
+            break
+        tok = m.group()
+        end = m.end()
+        if tok in _STRING_END:
+            close = _STRING_END[tok].match(text, end)
+            if close is None:
+                return None  # an unterminated string: the TOML reader says where
+            if close.end() - end > MAX_STRING_CHARS + 2 * len(tok):
+                return problem(pos, f"a string longer than {MAX_STRING_CHARS:,} characters")
+            end = close.end()
+        elif tok == "\n":
+            if not stack:
+                mode, dots, base = "key", 0, table
+        elif tok[0] == "#":
+            pass
+        elif tok == "[" and mode == "key" and not stack:
+            mode, dots = "header", 0
+            if text.startswith("[", end):
+                end += 1
+        elif tok == "]" and mode == "header":
+            table = base = dots + 1
+            if table > MAX_NESTING:
+                return problem(pos, f"a table nested more than {MAX_NESTING} deep")
+            mode = "after"
+            if text.startswith("]", end):
+                end += 1
+        elif tok == "." and (mode == "key" or mode == "header"):
+            dots += 1
+            if base + dots > MAX_NESTING:
+                return problem(pos, f"a key with more than {MAX_NESTING} dotted parts")
+        elif tok == "=" and mode == "key":
+            depth = base + dots + 1
+            mode = "value"
+        elif (tok == "[" or tok == "{") and mode == "value":
+            stack.append((tok, depth, base))
+            if depth + 1 > MAX_NESTING:
+                return problem(pos, f"a value nested more than {MAX_NESTING} deep")
+            if tok == "[":
+                depth += 1
+            else:
+                mode, base, dots = "key", depth, 0
+        elif (tok == "]" or tok == "}") and stack:
+            _, depth, base = stack.pop()
+            mode = "value"
+        elif tok == "," and stack:
+            if stack[-1][0] == "{":
+                mode, base, dots = "key", stack[-1][1], 0
+            else:
+                depth = stack[-1][1] + 1
+        elif (mode == "key" or mode == "header") and len(tok) > MAX_STRING_CHARS and tok.strip():
+            return problem(pos, f"a key longer than {MAX_STRING_CHARS:,} characters")
+        pos = end
+    return None
+
+
+_LONG_DIGITS = re.compile(r"[0-9_]{4300,}")
+
+
+def _long_integer_at(text: str) -> tuple[int | None, int | None]:
+    m = _LONG_DIGITS.search(text)
+    if m is None:
+        return None, None
+    line = text.count("\n", 0, m.start()) + 1
+    return line, m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+
+
 def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
     """Parse and check template text; problems carry line and column."""
+    if len(text) > MAX_TEMPLATE_BYTES:
+        return None, [Problem(f"the template is {len(text):,} characters long, more than {MAX_TEMPLATE_BYTES:,}",
+                              "")]
+    bound = _toml_bounds(text)
+    if bound is not None:
+        return None, [bound]
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        return None, [Problem(f"invalid TOML: nested too deeply (at most {MAX_NESTING} levels)", "")]
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = _TOML_POS.search(msg)
@@ -738,10 +964,17 @@ def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
         elif m:
             line, col = text.count("\n") + 1, 1
         return None, [Problem(f"invalid TOML: {_TOML_POS.sub('', msg).strip()}", "", "", line, col)]
+    except ValueError:
+        # tomllib converts integers with int(), which refuses more digits
+        # than sys.get_int_max_str_digits(); the value is found to locate it.
+        line, col = _long_integer_at(text)
+        return None, [Problem(f"invalid TOML: an integer has more than {sys.get_int_max_str_digits():,} digits, "
+                              "more than Python reads", "", "", line, col)]
     d, problems = check(data, where)
+    index = KeyIndex(text) if any(p.key for p in problems) else None
     located = []
     for p in problems:
-        pos = locate(text, p.key) if p.key else None
+        pos = index.locate(p.key) if index is not None and p.key else None
         located.append(Problem(p.message, p.key, p.hint, *(pos or (None, None))))
     return d, located
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import ParseError
+from ..errors import ParseError, shown
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
-from ..plugins.api import Context, call_id, check_attributes
+from ..plugins.api import Context, call_id, check_attributes, jsonfmt
 from .dialect import Dialect, SystemMessage
 
 
@@ -51,10 +51,10 @@ class Reader:
         out = {}
         for k, v in el.attrs:
             if k not in allowed:
-                self.problem(el, f"unexpected attribute {k!r} on {el.tag!r}", "unknown-attribute", path)
+                self.problem(el, f"unexpected attribute {shown(k)} on {shown(el.tag)}", "unknown-attribute", path)
                 continue
             if k in out:
-                self.problem(el, f"attribute {k!r} given twice", "duplicate-attribute", path)
+                self.problem(el, f"attribute {shown(k)} given twice", "duplicate-attribute", path)
             out[k] = v
         return out
 
@@ -70,11 +70,11 @@ class Reader:
             if isinstance(c, Text):
                 parts.append(c.text)
             elif isinstance(c, Embed):
-                self.problem(el, f"an embed inside {el.tag!r}, where only text may stand", "unexpected-embed",
+                self.problem(el, f"an embed inside {shown(el.tag)}, where only text may stand", "unexpected-embed",
                              path)
                 parts.append(c.raw)
             elif isinstance(c, Element):
-                self.problem(c, f"element {c.tag!r} inside {el.tag!r}, where only text may stand",
+                self.problem(c, f"element {shown(c.tag)} inside {shown(el.tag)}, where only text may stand",
                              "unexpected-element", path)
                 parts.append(self.flatten(c))
         return "".join(parts)
@@ -96,25 +96,32 @@ class Reader:
         if len(ch) == 1 and type(ch[0]) is Text:
             return ch[0].text
         out: list[dict[str, Any]] = []
+        # Text pieces of the text part being built, joined once it ends: a
+        # body split into many pieces (stray markers in a lenient parse) must
+        # not be copied again for each one.
+        pieces: list[str] = []
+
+        def flush() -> None:
+            if pieces:
+                out.append({"type": "text", "text": "".join(pieces)})
+                pieces.clear()
+
         plain = True
         for c in el.children:
             if isinstance(c, Text):
-                if not c.text:
-                    continue
-                if out and out[-1]["type"] == "text":
-                    out[-1]["text"] += c.text
-                else:
-                    out.append({"type": "text", "text": c.text})
+                if c.text:
+                    pieces.append(c.text)
             elif isinstance(c, Embed):
                 part = self.embed(c.raw, el, path)
                 if part is not None:
                     plain = False
+                    flush()
                     out.append(part)
             elif isinstance(c, Element):
                 owner = self.d.element_owner.get(c.tag)
                 got: dict[str, Any] | None = None
                 if owner is None:
-                    self.problem(c, f"element {c.tag!r} inside message content", "unexpected-element", path)
+                    self.problem(c, f"element {shown(c.tag)} inside message content", "unexpected-element", path)
                 else:
                     why = check_attributes(owner, c.tag, c.attrs)
                     try:
@@ -122,17 +129,16 @@ class Reader:
                             raise ValueError(why)
                         got = owner.read_element(c, self.ctx)
                     except ValueError as e:
-                        self.problem(c, f"{c.tag!r}: {e}", "bad-element", path)
+                        self.problem(c, f"{shown(c.tag)}: {e}", "bad-element", path)
                 if got is not None:
                     plain = False
+                    flush()
                     out.append(got)
                     continue
                 text = self.flatten(c)
                 if text:
-                    if out and out[-1]["type"] == "text":
-                        out[-1]["text"] += text
-                    else:
-                        out.append({"type": "text", "text": text})
+                    pieces.append(text)
+        flush()
         if plain:
             return "".join(p["text"] for p in out)
         return out
@@ -165,18 +171,19 @@ class Reader:
         order = {tag: k for k, tag in enumerate(self.d.channels())}
         seen: dict[str, Element] = {}
         last = -1
-        for c in el.children:
+        children = self._hoist(el.children, order, path) if self.lenient else el.children
+        for c in children:
             if isinstance(c, Element) and c.tag in order:
                 if c.tag in seen:
-                    self.problem(c, f"channel {c.tag!r} appears twice", "duplicate-channel", path)
+                    self.problem(c, f"channel {shown(c.tag)} appears twice", "duplicate-channel", path)
                 elif order[c.tag] < last:
-                    self.problem(c, f"channel {c.tag!r} is out of order", "channel-order", path)
+                    self.problem(c, f"channel {shown(c.tag)} is out of order", "channel-order", path)
                 last = max(last, order[c.tag])
                 seen.setdefault(c.tag, c)
             elif isinstance(c, Text) and not c.text.strip() and self.lenient:
                 continue
             else:
-                what = f"element {c.tag!r}" if isinstance(c, Element) else "text"
+                what = f"element {shown(c.tag)}" if isinstance(c, Element) else "text"
                 self.problem(c if isinstance(c, Element) else el,
                              f"{what} in an assistant message, outside any channel", "stray-content", path)
                 if isinstance(c, Text | Embed):
@@ -195,6 +202,34 @@ class Reader:
             ch.read(seen.get(n[ch.name]), msg, self, pos, path)
         return msg
 
+    def _hoist(self, children: tuple[Node, ...], order: dict[str, int], path: str,
+               seen: set[str] | None = None) -> tuple[Node, ...]:
+        """A model that forgets to close a channel before the next one opens
+        writes the later channel inside the earlier: read it as the sibling
+        it was meant to be, with a diagnostic, so a tool call is not lost as
+        stray text of the response. What follows it inside the earlier
+        channel is at the message's level too (stray content)."""
+        out: list[Node] = []
+        # Only the first of a channel is read, so only it is looked into.
+        seen = set() if seen is None else seen
+        for c in children:
+            if isinstance(c, Element) and c.tag in order and c.tag not in seen:
+                seen.add(c.tag)
+                k = next((j for j, x in enumerate(c.children)
+                          if isinstance(x, Element) and order.get(x.tag, -1) > order[c.tag]), -1)
+                if k >= 0:
+                    inner = c.children[k]
+                    tag = inner.tag if isinstance(inner, Element) else ""
+                    self.problem(c, f"channel {shown(tag)} opened inside channel {shown(c.tag)}, which was not closed "
+                                 "first", "unclosed-channel", path)
+                    # The later channel, and all written after it, stand at
+                    # the message's level.
+                    out.append(Element(c.tag, c.attrs, c.children[:k], False, c.offset))
+                    out.extend(self._hoist(c.children[k:], order, path, seen))
+                    continue
+            out.append(c)
+        return tuple(out)
+
     # -- documents -------------------------------------------------------------
 
     def internal(self, el: Element, typ: str, path: str) -> tuple[SystemMessage, dict[str, str]] | None:
@@ -205,7 +240,7 @@ class Reader:
             got = sm.body.match(body)
             if got is not None:
                 return sm, got
-        self.problem(el, f"system message of type {typ!r} has a body this template does not know",
+        self.problem(el, f"system message of type {shown(typ)} has a body this template does not know",
                      "unknown-system-message", path)
         return None
 
@@ -227,7 +262,7 @@ class Reader:
         for k, el in enumerate(elements):
             path = f"{n['message']}[{k}]"
             if el.tag != n["message"]:
-                self.problem(el, f"top-level element {el.tag!r} is not a {n['message']!r}", "unknown-element",
+                self.problem(el, f"top-level element {shown(el.tag)} is not a {shown(n['message'])}", "unknown-element",
                              path)
                 continue
             role = el.attr(n["role"])
@@ -251,9 +286,10 @@ class Reader:
             if role == "tool":
                 a = self.attrs(el, self.a_tool, path)
                 tool_count += 1
-                if a.get(n["index"]) != str(tool_count):
-                    self.problem(el, f"tool result index {a.get(n['index'])!r}, expected {str(tool_count)!r}",
-                                 "bad-index", path)
+                got = a.get(n["index"])
+                if got != str(tool_count):
+                    self.problem(el, f"tool result index {shown(got)}, expected {str(tool_count)!r}", "bad-index",
+                                 path)
                 tm: dict[str, Any] = {"role": "tool", "name": a.get(n["tool"], "")}
                 if prior_pos is not None and tool_count <= prior_calls:
                     call = msgs[prior_pos]["tool_calls"][tool_count - 1]
@@ -270,7 +306,7 @@ class Reader:
                 m["content"] = self.content(el, path)
                 msgs.append(m)
                 continue
-            self.problem(el, f"unknown role {role!r}", "unknown-role", path)
+            self.problem(el, f"unknown role {shown(role)}", "unknown-role", path)
         req: dict[str, Any] = {"messages": msgs}
         if "tools" in options:
             req["tools"] = options["tools"]
@@ -298,15 +334,19 @@ class Reader:
                 msgs: list[dict[str, Any]], path: str) -> None:
         def once(key: str, value: Any) -> None:
             if key in options:
-                self.problem(el, f"option {key!r} is given twice", "duplicate-option", path)
+                self.problem(el, f"option {shown(key)} is given twice", "duplicate-option", path)
             options[key] = value
 
         def load(text: str, what: str) -> Any:
+            # Standard JSON only (no NaN, no 1e999, no integer Python cannot
+            # convert): what a parse returns must render again.
             try:
-                return json.loads(text)
+                return jsonfmt.loads(text)
+            except jsonfmt.NotStandard as e:
+                self.problem(el, f"the {what} in this system message is not standard JSON: {e}", "bad-json", path)
             except (json.JSONDecodeError, RecursionError):
                 self.problem(el, f"the {what} in this system message is not JSON", "bad-json", path)
-                return None
+            return None
 
         if sm.key == "tool-declare":
             once("tools", load(values["tools"], "tool list"))
@@ -315,7 +355,7 @@ class Reader:
         elif sm.key == "thinking-effort":
             effort = values["effort"]
             if effort not in self.d.efforts:
-                self.problem(el, f"unknown thinking effort {effort!r}", "bad-option", path)
+                self.problem(el, f"unknown thinking effort {shown(effort)}", "bad-option", path)
             once("thinking_effort", effort)
         elif sm.key.startswith("tool-choice-"):
             once("tool_choice", sm.key.removeprefix("tool-choice-"))
@@ -337,7 +377,7 @@ class Reader:
         if len(elements) > 1:
             self.problem(elements[1], "output continues after the end of the message", "trailing-output")
             el = elements[0]
-        if not el.closed and truncated_already is False:
+        if not el.closed and truncated_already is False and self._is_prompt(el, thinking):
             # Only the generation prompt, with nothing after it.
             self.problem(None, "the completion is empty", "truncated")
         return self.assistant(el, 0, thinking, n["message"])

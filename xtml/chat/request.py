@@ -13,37 +13,26 @@ from __future__ import annotations
 import json
 import marshal
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import MessageError, OptionError, RequestError
+from ..errors import MessageError, OptionError, RequestError, shown
 from ..plugins import jsonfmt
 from ..plugins.api import ContentExtension
 from ..plugins.image import ImageValue
 from ..plugins.jsonfmt import value_type as value_type  # its former home
+from . import fields
 from .dialect import Dialect
 
-OPTION_NAMES = (
-    "tools",
-    "thinking",
-    "enable_thinking",
-    "thinking_effort",
-    "reasoning_effort",
-    "tool_choice",
-    "response_format",
-    "add_generation_prompt",
-    "image_prompts",
-)
+# The options rendering reads; every key a request body may carry, and what it
+# does, is in :data:`.fields.FIELDS`.
+OPTION_NAMES = fields.OPTIONS
 
 # Keys of a chat-completions body that concern sampling or the API, not the
 # prompt. They are accepted and have no effect on rendering.
-API_KEYS = frozenset({
-    "model", "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "stream",
-    "stream_options", "n", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "logprobs", "top_logprobs", "logit_bias", "user", "metadata", "parallel_tool_calls", "service_tier",
-    "store", "modalities", "prediction", "audio", "web_search_options", "extra_body",
-})
+API_KEYS = frozenset(f.name for f in fields.FIELDS if f.effect == fields.IGNORED)
 
 MESSAGE_KEYS = frozenset({
     "role", "content", "name", "reasoning_content", "reasoning", "thinking", "tool_calls", "tool_call_id",
@@ -55,14 +44,18 @@ MESSAGE_KEYS = frozenset({
 ROLE_KEYS = {
     "system": frozenset({"role", "content", "name", "tools", "id"}),
     "user": frozenset({"role", "content", "name", "id"}),
+    # Annotations (url citations) are read, not rendered: the content already
+    # holds the text they point into.
     "assistant": frozenset({"role", "content", "name", "reasoning_content", "reasoning", "thinking", "tool_calls",
-                            "id"}),
+                            "id", "annotations"}),
     "tool": frozenset({"role", "content", "name", "tool", "tool_call_id", "id"}),
 }
 
 
-# Fields APIs put on returned messages, which a prompt has no place for.
+# Fields APIs put on returned messages, which a prompt has no place for (an
+# assistant's ``function_call`` is read as its tool call before this check).
 API_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call"})
+KNOWN_MESSAGE_KEYS = MESSAGE_KEYS | API_FIELDS
 
 
 def _check_keys(m: Mapping[str, Any], role: str, allowed: frozenset[str], i: int) -> None:
@@ -70,10 +63,12 @@ def _check_keys(m: Mapping[str, Any], role: str, allowed: frozenset[str], i: int
         if k in allowed or v is None or v == "" or v == [] or v == {}:
             continue
         if k in MESSAGE_KEYS:
-            raise MessageError(f"a {role} message cannot carry {k!r}; this template would drop it", index=i, path=k)
+            raise MessageError(f"a {role} message cannot carry {shown(k)}; this template would drop it", index=i,
+                               path=k)
         if k in API_FIELDS:
-            raise MessageError(f"field {k!r} cannot be rendered by this template", index=i, path=k)
-        raise MessageError(f"unknown message field {k!r}", index=i, path=k)
+            raise MessageError(f"field {shown(k)} cannot be rendered by this template", index=i, path=k)
+        raise MessageError(f"unknown message field {shown(k)}{fields.did_you_mean(k, KNOWN_MESSAGE_KEYS)}", index=i,
+                           path=str(k))
 
 
 class PluginPart:
@@ -145,6 +140,8 @@ class Options:
     tools: list[Any] | None
     tools_json: str = ""
     """The tool list as the declaration writes it."""
+    continue_final: bool = False
+    """``continue_final_message``: the last message is left open."""
 
 
 def _is_map(x: object) -> bool:
@@ -174,7 +171,7 @@ def check_json_keys(obj: Any, where: str) -> None:
         if _is_map(x):
             for k, v in x.items():
                 if not isinstance(k, str):
-                    raise RequestError(f"JSON object keys must be strings, not {k!r}", location=where)
+                    raise RequestError(f"JSON object keys must be strings, not {shown(k)}", location=where)
                 stack.append(v)
         elif isinstance(x, list | tuple):
             stack.extend(x)
@@ -204,6 +201,10 @@ def json_compact(value: Any, where: str) -> str:
         text = jsonfmt.compact(value)
     except (TypeError, ValueError, RecursionError) as e:
         raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
+    if jsonfmt.lone_surrogate(text) >= 0:
+        bad = surrogate_in(value, where)
+        if bad is not None:
+            raise RequestError(bad[1], location=bad[0])
     if json.loads(text) != value:
         check_json_keys(value, where)
     if key is not None and len(key) <= _COMPACT_MAX:
@@ -220,10 +221,28 @@ _COMPACT_MAX = 256 << 10
 
 
 def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Messages and options from a request body or a bare message list."""
-    opts: dict[str, Any] = {}
+    """Messages and options from a request body or a bare message list.
+
+    Keyword options win over ``chat_template_kwargs``, which win over the
+    body's top-level keys. Every key is read by :data:`.fields.FIELDS`; one
+    in no table is an error, or ignored when ``options`` holds
+    ``unknown_keys="ignore"`` (which only the caller sets). Objects with
+    ``model_dump`` are taken for the request and for each message."""
+    ignore = False
+    if "unknown_keys" in options:
+        mode = options["unknown_keys"]
+        if mode not in fields.UNKNOWN_KEYS:
+            raise OptionError(f"unknown_keys must be one of {', '.join(map(repr, fields.UNKNOWN_KEYS))}, "
+                              f"not {shown(mode)}", option="unknown_keys")
+        ignore = mode == "ignore"
+        options = {k: v for k, v in options.items() if k != "unknown_keys"}
+    if type(request) is not dict and not isinstance(request, list | tuple) and not _is_map(request):
+        # A request model's defaults are not the caller's: only what was set.
+        request = fields.dump(request, unset=True)
+    opts: dict[str, Any]
     if isinstance(request, list | tuple):
         messages = list(request)
+        opts = {}
     elif _is_map(request):
         if "messages" not in request:
             raise RequestError("a request needs 'messages' (or pass a bare list of messages)")
@@ -231,54 +250,43 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
         if not isinstance(messages, list | tuple):
             raise RequestError("'messages' must be a list", location="messages")
         messages = list(messages)
-        for k, v in request.items():
-            if k == "messages" or k in API_KEYS:
-                continue
-            if k == "chat_template_kwargs":
-                if not _is_map(v):
-                    raise RequestError("'chat_template_kwargs' must be an object", location=k)
-                for kk, vv in v.items():
-                    if kk not in OPTION_NAMES:
-                        raise OptionError(f"unknown option {kk!r}", option=kk)
-                    opts[kk] = vv
-                continue
-            if k not in OPTION_NAMES:
-                raise RequestError(f"unknown request key {k!r}", location=k)
-            opts[k] = v
+        opts = fields.request_options(request, ignore)
     else:
         raise RequestError(f"a request is an object with 'messages' or a list of messages, "
                            f"not {type(request).__name__}")
-    for k, v in options.items():
-        if k not in OPTION_NAMES:
-            raise OptionError(f"unknown option {k!r} (known: {', '.join(OPTION_NAMES)})", option=k)
-        opts[k] = v
-    return messages, opts
+    if options:
+        opts.update(fields.keyword_options(options))
+    return fields.messages_of(messages, ignore, KNOWN_MESSAGE_KEYS), opts
 
 
 def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
     thinking = d.thinking_default
+    # ``thinking`` wins over its alias, as in the reference encoder.
+    explicit: bool | None = None
     for key in ("enable_thinking", "thinking"):
         if opts.get(key) is not None:
             v = opts[key]
             if not isinstance(v, bool):
                 raise OptionError(f"{key} must be true or false", option=key)
-            thinking = v
+            thinking = explicit = v
     effort = d.default_effort
-    for key in ("reasoning_effort", "thinking_effort"):
-        v = opts.get(key)
-        if v is None:
-            continue
-        if key == "reasoning_effort" and v in d.thinking_off:
-            if opts.get("thinking") is True or opts.get("enable_thinking") is True:
-                raise OptionError(f"reasoning_effort={v!r} switches thinking off, but thinking is on",
-                                  option=key)
-            thinking = False
-            continue
-        if v not in d.efforts:
-            extra = f" (or {', '.join(d.thinking_off)} to switch thinking off)" if key == "reasoning_effort" \
-                else ""
-            raise OptionError(f"{key} must be one of {', '.join(d.efforts)}{extra}, not {v!r}", option=key)
-        effort = v
+    re_ = opts.get("reasoning_effort")
+    te = opts.get("thinking_effort")
+    if isinstance(re_, str) and re_ in d.thinking_off:
+        if explicit is True and not d.off_wins:
+            raise OptionError(f"reasoning_effort={shown(re_)} switches thinking off, but thinking is on",
+                              option="reasoning_effort")
+        thinking = False
+    elif re_ is not None:
+        # thinking_effort wins; reasoning_effort is then not read at all.
+        if te is None:
+            effort = _effort(d, "reasoning_effort", re_)
+        # An effort asks for reasoning (as vLLM and SGLang read it), unless
+        # the request says otherwise.
+        if explicit is None:
+            thinking = True
+    if te is not None:
+        effort = _effort(d, "thinking_effort", te)
     tc: Any = opts.get("tool_choice")
     if _is_map(tc) and tc.get("type") == "function":
         # A named tool is enforced by constrained decoding, not by the prompt:
@@ -289,10 +297,29 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
             "tool_choice must be 'auto', 'none', 'required' or a named function",
             option="tool_choice",
         )
-    rf = _response_format(opts.get("response_format"))
-    agp = opts.get("add_generation_prompt", True)
-    if not isinstance(agp, bool):
+    rf_in = opts.get("response_format")
+    schema = opts.get("response_schema")
+    if schema is not None:
+        t = rf_in if isinstance(rf_in, str) else rf_in.get("type") if rf_in is not None and _is_map(rf_in) else None
+        if t != "json_schema":
+            raise OptionError("response_schema is the schema of a json_schema response format; give "
+                              "response_format {\"type\": \"json_schema\"} with it", option="response_schema")
+        rf_in = {"type": "json_schema", "json_schema": {"schema": schema}}
+    rf = _response_format(rf_in)
+    cont = opts.get("continue_final_message")
+    if cont is not None and not isinstance(cont, bool):
+        raise OptionError("continue_final_message must be true or false", option="continue_final_message")
+    agp = opts.get("add_generation_prompt")
+    if agp is not None and not isinstance(agp, bool):
         raise OptionError("add_generation_prompt must be true or false", option="add_generation_prompt")
+    if cont:
+        if agp:
+            raise OptionError("continue_final_message leaves the last message open for the model to continue; "
+                              "a generation prompt after it cannot be: drop add_generation_prompt=true",
+                              option="continue_final_message")
+        agp = False
+    elif agp is None:
+        agp = True
     prompts = opts.get("image_prompts")
     if prompts is not None:
         if not d.image_part_types:
@@ -303,17 +330,34 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
         prompts = list(prompts)
         for i, p in enumerate(prompts):
             if not isinstance(p, str) or not d.image_prompt.match(p):
-                raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {p!r}",
+                raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {_show(p)}",
+                                  option="image_prompts")
+            if jsonfmt.lone_surrogate(p) >= 0:
+                raise OptionError(f"image_prompts[{i}]: {_surrogate_message(p, jsonfmt.lone_surrogate(p))}",
                                   option="image_prompts")
     tools = opts.get("tools")
     tools_json = ""
     if tools is not None:
         if not isinstance(tools, list | tuple):
             raise OptionError("tools must be a list of tool schemas", option="tools")
-        tools = list(tools) if tools else None
+        tools = fields.tool_list(tools, "tools") if tools else None
         tools_json = json_compact(tools, "tools") if tools else ""
     return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools,
-                   tools_json)
+                   tools_json, bool(cont))
+
+
+def _effort(d: Dialect, key: str, v: Any) -> str:
+    if isinstance(v, str) and v in d.efforts:
+        return v
+    extra = f" (or {', '.join(d.thinking_off)} to switch thinking off)" if key == "reasoning_effort" and \
+        d.thinking_off else ""
+    why = ""
+    if isinstance(v, str) and f"`{v}`" in d.system["thinking-effort"].body.source:
+        # The prose may name more efforts than the model takes (K3's names
+        # `medium`, which its reference encoder refuses).
+        why = (f": the thinking-effort message of {d.name} names {shown(v)}, but {d.name} accepts only "
+               f"{', '.join(d.efforts)}")
+    raise OptionError(f"{key} must be one of {', '.join(d.efforts)}{extra}, not {shown(v)}{why}", option=key)
 
 
 def _response_format(rf: Any) -> dict[str, Any] | None:
@@ -336,46 +380,112 @@ def _response_format(rf: Any) -> dict[str, Any] | None:
         schema = js.get("schema", js.get("json_schema", js))
         json_compact(schema, "response_format")
         return {"type": "json_schema", "json_schema": {"schema": schema}}
-    raise OptionError(f"response_format type must be text, json_object or json_schema, not {t!r}",
+    raise OptionError(f"response_format type must be text, json_object or json_schema, not {shown(t)}",
                       option="response_format")
 
 
 def _arguments(raw: Any, i: int, j: int) -> tuple[list[tuple[str, Any]] | None, str | None]:
     """Typed arguments of call ``j`` of message ``i``, or (None, raw) for a
-    string that is not JSON."""
+    string that is not a standard JSON object."""
     if raw is None:
         return [], None
     if isinstance(raw, str):
         if not raw.strip():
             return [], None
+        _text(raw, i, _args_path(j))
+        # As K3's reference encoder has it: text that is not JSON goes whole
+        # into the json block, JSON that is not an object is an error. What
+        # only Python's decoder reads (NaN, 1e999, an escaped lone
+        # surrogate, a 5,000-digit integer) is JSON to the reference, so it
+        # is refused here rather than rendered differently.
         try:
-            parsed = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
+            parsed = jsonfmt.loads(raw)
+        except jsonfmt.NotStandard as e:
+            raise MessageError(f"tool call arguments are not standard JSON: {e}", index=i,
+                               path=_args_path(j)) from None
+        except (ValueError, RecursionError):
             return None, str.__str__(raw)  # plain str, even from a subclass
         if type(parsed) is not dict:
             raise MessageError("tool call arguments must be a JSON object", index=i, path=_args_path(j))
-        # Decoded JSON has string keys; only NaN and the infinities (which
-        # Python's decoder accepts) need a look.
-        items = list(parsed.items())
-        for k, v in items:
-            if type(v) is float and not math.isfinite(v):
-                raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=_args_path(j))
-        return items, None
+        return list(parsed.items()), None
     if not _is_map(raw):
         raise MessageError("tool call arguments must be a dict or a JSON object string", index=i, path=_args_path(j))
     parsed = raw
     out: list[tuple[str, Any]] = []
     for k, v in parsed.items():
         if not isinstance(k, str):
-            raise MessageError(f"argument names must be strings, not {k!r}", index=i, path=_args_path(j))
+            raise MessageError(f"argument names must be strings, not {type(k).__name__}", index=i,
+                               path=_args_path(j))
         if isinstance(v, float) and not math.isfinite(v):
-            raise MessageError(f"argument {k!r} is {v}, which JSON cannot carry", index=i, path=_args_path(j))
+            raise MessageError(f"argument {shown(k)} is {v}, which JSON cannot carry", index=i, path=_args_path(j))
         out.append((k, v))
+    found = surrogate_in(raw, _args_path(j))
+    if found is not None:
+        raise MessageError(found[1], index=i, path=found[0])
     return out, None
 
 
 def _args_path(j: int) -> str:
     return f"tool_calls[{j}].function.arguments"
+
+
+# -- lone surrogates -----------------------------------------------------------------
+# A str may hold a lone surrogate (JSON's "\udc00" decodes to one), which is
+# not text: UTF-8 cannot write it, the tokenizers library refuses it with a
+# TypeError and tiktoken replaces it with U+FFFD, silently. Every string the
+# render writes is checked where the request is read, so the error names it.
+
+
+def _show(v: Any, limit: int = 60) -> str:
+    """A value for a message: its repr, cut short, and never an error (the
+    repr of an integer past Python's digit limit raises)."""
+    try:
+        text = repr(v)
+    except ValueError:
+        return f"an integer of {v.bit_length():,} bits" if isinstance(v, int) else f"a {type(v).__name__}"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def _surrogate_message(text: str, at: int) -> str:
+    return (f"U+{ord(text[at]):04X} at character {at:,} is a lone surrogate, not text: no tokenizer encodes it "
+            f"and UTF-8 cannot write it")
+
+
+def _text(text: str, i: int, path: str) -> None:
+    """Refuse a string of message ``i`` that holds a lone surrogate."""
+    if not text.isascii():
+        at = jsonfmt.lone_surrogate(text)
+        if at >= 0:
+            raise MessageError(_surrogate_message(text, at), index=i, path=path)
+
+
+def _key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"
+
+
+def surrogate_in(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(path, message) of the first string, key or value, of a JSON-like
+    value that holds a lone surrogate, or None."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        x, where = stack.pop()
+        if isinstance(x, str):
+            at = jsonfmt.lone_surrogate(x)
+            if at >= 0:
+                return where, _surrogate_message(x, at)
+        elif _is_map(x):
+            items = list(x.items())
+            for k, v in reversed(items):
+                if isinstance(k, str):
+                    at = jsonfmt.lone_surrogate(k)
+                    if at >= 0:
+                        return where, f"a key: {_surrogate_message(k, at)}"
+                    stack.append((v, _key_path(where, k)))
+                else:
+                    stack.append((v, f"{where}[{type(k).__name__}]"))
+        elif isinstance(x, list | tuple):
+            stack.extend((v, f"{where}[{n}]") for n, v in reversed(list(enumerate(x))))
+    return None
 
 
 # Part types whose "text" is rendered as text (OpenAI's chat and responses APIs).
@@ -393,12 +503,14 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
     placeholder literal in text marks an image too (as the model's processor
     reads it)."""
     if type(content) is str and not (split_marks and d.image_placeholder in content):
+        _text(content, i, "content")
         return [content] if content else []
     parts: list[Part] = []
 
-    def add_text(s: str) -> None:
+    def add_text(s: str, where: str = "content") -> None:
         if not s:
             return
+        _text(s, i, where)
         if type(s) is not str:
             # A str subclass (an Enum member, say) as its plain value:
             # renderers tell text from plugin parts by exact type.
@@ -424,7 +536,7 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
     for j, part in enumerate(content):
         where = f"content[{j}]"
         if isinstance(part, str):
-            add_text(part)
+            add_text(part, where)
             continue
         if not _is_map(part):
             raise MessageError("a content part must be an object", index=i, path=where)
@@ -432,14 +544,18 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
         if t in TEXT_PART_TYPES:
             if "text" not in part:
                 raise MessageError("a text part needs 'text'", index=i, path=where)
-            add_text(_text_of(part["text"], i, f"{where}.text"))
+            add_text(_text_of(part["text"], i, f"{where}.text"), f"{where}.text")
             continue
         ext = d.part_owner.get(t) if isinstance(t, str) else None
         if ext is None:
             raise MessageError(
-                f"content part type {t!r} is not supported by this template "
+                f"content part type {shown(t)} is not supported by this template "
                 f"(supported: {', '.join([*TEXT_PART_TYPES, *d.part_owner])})",
                 index=i, path=where)
+        # What a plugin renders of a part (a caption, an attribute) is text too.
+        bad = surrogate_in(part, where)
+        if bad is not None:
+            raise MessageError(bad[1], index=i, path=bad[0])
         try:
             value = ext.prepare(part)
         except ValueError as e:
@@ -448,8 +564,61 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
     return parts
 
 
+# The most a request may hold unless the caller says otherwise (the
+# ``max_chars`` keyword): characters of every string in it, keys included,
+# plus one per value. Rendering, tokenizing and parsing grow linearly with
+# this; the limit bounds what one request can cost.
+MAX_CHARS = 64 << 20
+
+
+def request_size(request: Any, limit: int) -> int:
+    """The size :data:`MAX_CHARS` counts, or a count past ``limit`` (the walk
+    stops at the first level that crosses it). Values nested deeper than
+    Python's recursion limit are left to :func:`prepare`, which refuses
+    them; so a value that contains itself is not walked forever."""
+    # Level by level, so that a container's children are queued in C
+    # (``extend``): this runs on every request.
+    total = 0
+    level = [request]
+    for _ in range(sys.getrecursionlimit()):
+        total += len(level)
+        nxt: list[Any] = []
+        extend = nxt.extend
+        for x in level:
+            t = type(x)
+            if t is str:
+                total += len(x)
+            elif t is dict or (t is not list and t is not tuple and isinstance(x, Mapping)):
+                try:
+                    total += sum(map(len, x))
+                except TypeError:  # a key that is not a string
+                    total += sum(len(k) for k in x if isinstance(k, str))
+                extend(x.values())
+            elif t is list or t is tuple or isinstance(x, list | tuple):
+                extend(x)
+            elif isinstance(x, str):
+                total += len(x)
+        if total > limit or not nxt:
+            break
+        level = nxt
+    return total
+
+
 def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Options, list[Msg]]:
-    """Check a request and resolve it into messages ready to render."""
+    """Check a request and resolve it into messages ready to render.
+
+    ``options`` may hold ``max_chars`` (default :data:`MAX_CHARS`; None: no
+    limit), which only the caller sets: a request body cannot."""
+    limit = options.get("max_chars", MAX_CHARS)
+    if "max_chars" in options:
+        options = {k: v for k, v in options.items() if k != "max_chars"}
+    if limit is not None:
+        if type(limit) is not int or limit < 0:
+            raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
+        size = request_size(request, limit)
+        if size > limit:
+            raise RequestError(f"the request is too large: at least {size:,} characters, more than "
+                               f"max_chars={limit:,}")
     try:
         return _prepare(d, request, options)
     except RecursionError:
@@ -477,7 +646,7 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Opti
             raise MessageError("a message needs a 'role' string", index=i, path="role")
         role = aliases.get(role, role)
         if role not in roles:
-            raise MessageError(f"role {m.get('role')!r} is not one of {', '.join(roles)}", index=i, path="role")
+            raise MessageError(f"role {shown(m.get('role'))} is not one of {', '.join(roles)}", index=i, path="role")
         # Roles a template adds carry what a user message carries.
         allowed = ROLE_KEYS.get(role, user_keys)
         if not m.keys() <= allowed:
@@ -487,10 +656,12 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Opti
         if name is not None and role != "tool":
             if not isinstance(name, str):
                 raise MessageError("name must be a string", index=i, path="name")
+            _text(name, i, "name")
             msg.name = name or None
         content = m.get("content")
         parts: list[Part] | None = None
         if type(content) is str and (image_mark is None or image_mark not in content):
+            _text(content, i, "content")
             parts = [content] if content else _NO_PARTS
         if role == "system" and m.get("tools"):
             tools = m["tools"]
@@ -511,6 +682,7 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Opti
             if reasoning is not None and not isinstance(reasoning, str):
                 raise MessageError("reasoning must be a string", index=i, path="reasoning_content")
             if reasoning and reasoning.strip() and o.thinking:
+                _text(reasoning, i, next(k for k in ("reasoning_content", "reasoning", "thinking") if m.get(k)))
                 msg.reasoning = reasoning
             calls = m.get("tool_calls") or []
             if not isinstance(calls, list | tuple):
@@ -528,6 +700,7 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Opti
                 if not isinstance(fname, str) or not fname:
                     raise MessageError("a tool call needs a function name", index=i,
                                        path=f"tool_calls[{j}].function.name")
+                _text(fname, i, f"tool_calls[{j}].function.name")
                 args, raw = _arguments(fn.get("arguments"), i, j)
                 msg.calls.append(Call(fname, args, raw))
                 cid = c.get("id")
@@ -537,6 +710,8 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Opti
             tool = m.get("tool", m.get("name"))
             if tool is not None and not isinstance(tool, str):
                 raise MessageError("the tool name must be a string", index=i, path="tool")
+            if tool is not None:
+                _text(tool, i, "tool" if "tool" in m else "name")
             msg.name = tool
             cid = m.get("tool_call_id", m.get("id"))
             msg.call_id = None if cid is None else str(cid)

@@ -3,7 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from typing import Any
+
+from ..errors import XtmlError
+from ..plugins.jsonfmt import BadInput, input_json
+
+
+class InputError(XtmlError):
+    """An input file (or standard input) that cannot be read as what the
+    command expects."""
+
+
+def read_input(path: str) -> str:
+    """A file, or standard input for ``-``, as text: strict UTF-8 either way,
+    line ends as they are, so both read the same bytes the same way."""
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            binary = getattr(sys.stdin, "buffer", None)
+            if binary is None:  # a text stream put in place by the caller
+                return str(sys.stdin.read())
+            # Not sys.stdin.read(): its error handler (surrogateescape under
+            # a C or POSIX locale) would let bytes through that a file is
+            # refused for.
+            data = binary.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return str(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{name} is not UTF-8 text (byte {e.start})") from None
+
+
+def json_input(text: str, source: str) -> Any:
+    """JSON text read from ``source``, or one line saying why not."""
+    try:
+        return input_json(text)
+    except BadInput as e:
+        raise InputError(f"{source}: {e}") from None
+
+
+def boolean(s: str) -> bool:
+    """An argparse type: true or false, as people write them."""
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {s!r}")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

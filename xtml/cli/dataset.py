@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from ..training.dataset import run as _run
 from .common import TOKENIZER_HELP, at_least
+from .output import Output, UsageError
 
 COMMANDS = ("render-dataset", "lint-dataset")
 
@@ -77,5 +77,16 @@ def add_commands(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run a dataset command; returns the exit status."""
-    return _run(args, out)
+    """Run a dataset command; returns the exit status. The outputs are
+    checked before the template, the tokenizer or the input is read."""
+    # Parquet on standard output would mix with the report printed there.
+    parquet = Output(args.parquet, "-o", streams=False) if args.command == "render-dataset" else None
+    errors = Output(args.errors_file, "--errors") if args.errors_file else None
+    if parquet is not None and errors is not None and errors.target == parquet.target:
+        # The second file moved into place would replace the first.
+        raise UsageError(f"--errors {args.errors_file} and -o {args.parquet} are one file")
+    # Imported when the command runs: the job machinery (worker processes,
+    # Parquet) is no part of any other command's start-up.
+    from ..training.dataset import run
+
+    return run(args, out, parquet=parquet, errors=errors)

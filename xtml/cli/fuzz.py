@@ -12,7 +12,7 @@
   with the reference grammar, and it never crashes a chat parse either.
 
 Without a tokenizer, the id-level properties run on a byte-level vocabulary
-holding the template's markers (:func:`xtml.tokenizer.byte_vocabulary`):
+holding the template's markers (:func:`xtml.vocab.byte_vocabulary`):
 everything but a model vocabulary's own merges is checked. Progress, the
 summary and errors go to ``err``; on the first failure the minimal failing
 input (a request, token ids or a string) is written to ``out`` as one line of

@@ -7,18 +7,22 @@ no traceback), 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from .. import __version__
-from ..errors import XtmlError
-from ..template import Template, load
+from ..errors import ParseError, XtmlError
+from ..template import Rendered, Template, load
 from ..vocab.load import load_tokenizer
 from ..vocab.vocabulary import Vocabulary
-from . import dataset
-from .common import TOKENIZER_HELP, at_least
+from . import dataset, export, serve
+from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input
+from .output import Output, UsageError
 
 EPILOG_RENDER = """examples:
   xtml render examples/chat.json
@@ -69,6 +73,15 @@ EPILOG_PARSE = """examples:
   xtml render chat.json --tokenizer tok.json --format ids | xtml parse --tokenizer tok.json
   xtml parse prompt.txt --from text
   xtml parse output_ids.json --tokenizer tok.json --completion --lenient
+  xtml parse output_ids.json --tokenizer tok.json --completion --openai           # a chat.completion object
+  xtml parse output_ids.json --tokenizer tok.json --completion --openai --stream  # one chunk per line
+  xtml parse output.txt --from text --tokenizer tok.json --completion --stream --sse
+
+--openai reads the completion leniently and prints what an OpenAI-compatible server returns for it
+(docs/serving.md): a chat.completion object, or with --stream one chat.completion.chunk object per
+line, as a server sends them token by token (--sse: as server-sent events, each "data: {...}" and a
+blank line, ending with "data: [DONE]"). Streaming needs token ids: text is turned into ids with
+--tokenizer (markers as special ids). Call ids are random, as OpenAI's.
 """
 
 
@@ -76,38 +89,15 @@ class _UserError(Exception):
     """Invalid input found by the CLI itself (a file it cannot read, say)."""
 
 
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise _UserError(f"cannot read {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise _UserError(f"{path} is not UTF-8 text") from None
+# Input files are read by one function for every command.
+_read = read_input
+_json = json_input
 
 
-def _json(text: str, source: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _UserError(f"{source}: invalid JSON: {e.msg} (at line {e.lineno}, column {e.colno})") from None
-    except RecursionError:
-        raise _UserError(f"{source}: JSON nested too deeply") from None
+_bool = boolean
 
 
-def _bool(s: str) -> bool:
-    v = s.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, not {s!r}")
-
-
-class _UsageError(Exception):
-    """A command line that cannot work as given (exit status 2)."""
+_UsageError = UsageError
 
 
 def _tokenizer(args: argparse.Namespace, tpl: Template) -> Vocabulary:
@@ -172,6 +162,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --completion: was the prompt in thinking mode (default: the template's)")
     p.add_argument("--lenient", action="store_true",
                    help="repair malformed input and report diagnostics instead of failing")
+    p.add_argument("--openai", action="store_true",
+                   help="with --completion: print the OpenAI chat.completion object (lenient parse)")
+    p.add_argument("--stream", action="store_true",
+                   help="print the chat.completion.chunk objects, one per line (implies --openai)")
+    p.add_argument("--sse", action="store_true",
+                   help="as server-sent events: 'data: ' lines, then 'data: [DONE]' (implies --stream)")
     i = sub.add_parser("inspect", help="show a rendered request token by token",
                        description="Render a chat request and show it token by token: offsets, ids, pieces, "
                                    "markers highlighted, a header per message with its role and token counts "
@@ -224,6 +220,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="examples per property (default: 200)")
     z.add_argument("--seed", type=int, metavar="S", help="seed, to repeat a run")
     dataset.add_commands(sub)
+    export.add_commands(sub)
+    serve.add_commands(sub)
     return ap
 
 
@@ -255,7 +253,9 @@ def _render(args: argparse.Namespace, out: TextIO) -> None:
     tpl = load(args.template)
     request, options = _request(args)
     if args.format == "text":
-        out.write(tpl.render(request, **options).text + "\n")
+        rendered = tpl.render(request, **options)
+        _warn_ambiguous(rendered)
+        out.write(rendered.text + "\n")
     elif args.format == "segments":
         segs = tpl.render(request, **options).segments
         out.write(json.dumps([[s.text, s.special] for s in segs], ensure_ascii=False) + "\n")
@@ -269,13 +269,32 @@ def _render(args: argparse.Namespace, out: TextIO) -> None:
             write(out, tpl, tokens(tpl, request, vocab, **options))
 
 
+def _warn_ambiguous(rendered: Rendered) -> None:
+    """Say so when the text form does not read back as rendered: some text
+    holds a marker literal (spec.md §5)."""
+    found = rendered.ambiguous
+    if not found:
+        return
+    messages = sorted({a.message for a in found})
+    literals = ", ".join(dict.fromkeys(repr(a.marker) for a in found))
+    which = (f"message {messages[0]}" if len(messages) == 1
+             else f"messages {', '.join(map(str, messages))}")
+    print(f"xtml: warning: the text of {which} of the output (counted from 0) holds marker literals ({literals}): "
+          "read back as text it becomes markup; token ids read back exactly (--format ids)", file=sys.stderr)
+
+
 def _inspect(args: argparse.Namespace, out: TextIO) -> None:
     from .inspect import tokens, write
 
     tpl = load(args.template)
     request, options = _request(args)
     vocab = _tokenizer(args, tpl)
-    colour = None if args.colour == "auto" else args.colour == "always"
+    if args.colour == "auto":
+        # Buffered until the command is done: the buffer is no terminal.
+        stream = args.destination.stream
+        colour = stream is not None and stream.isatty()
+    else:
+        colour = args.colour == "always"
     write(out, tpl, tokens(tpl, request, vocab, **options), colour=colour)
 
 
@@ -308,9 +327,11 @@ def _templates(args: argparse.Namespace, out: TextIO) -> None:
     for r in rows:
         also = f" (also: {', '.join(r['aliases'])})" if r["aliases"] else ""
         out.write(f"{r['name']}{also}\n  {r['description']}\n  {r['path']}\n")
-    from ..plugins import installed
+    from ..plugins import broken, installed
 
     out.write(f"installed plugins: {', '.join(sorted(installed()))}\n")
+    for why in sorted(broken().values()):
+        out.write(f"  not usable: {why}\n")
 
 
 def _new_template(args: argparse.Namespace, out: TextIO) -> None:
@@ -321,20 +342,21 @@ def _new_template(args: argparse.Namespace, out: TextIO) -> None:
         raise _UserError(f"{args.name!r} is not a valid template name (letters, digits, _ - . :)")
     path = args.path or f"{args.name}.toml"
     text = starter_template(args.name)
-    if path == "-":
+    target = Output(path)
+    if target.stream is not None:
         out.write(text)
         return
-    try:
-        with open(path, "w" if args.force else "x", encoding="utf-8") as f:
-            f.write(text)
-    except FileExistsError:
-        raise _UserError(f"{path} exists; pass --force to overwrite it") from None
-    except OSError as e:
-        raise _UserError(f"cannot write {path}: {e.strerror or e}") from None
+    if not args.force and os.path.lexists(path):
+        raise _UserError(f"{path} exists; pass --force to overwrite it")
+    target.write_text(text)
     out.write(f"wrote {path}; check it with: xtml validate {path}\n")
 
 
 def _parse(args: argparse.Namespace, out: TextIO) -> None:
+    args.stream = args.stream or args.sse
+    args.openai = args.openai or args.stream
+    if args.openai and not args.completion:
+        raise _UsageError("--openai reads what a model generated: add --completion")
     tpl = load(args.template)
     source = args.source or ("ids" if args.tokenizer else "text")
     raw = _read(args.file)
@@ -347,9 +369,57 @@ def _parse(args: argparse.Namespace, out: TextIO) -> None:
         vocab = _tokenizer(args, tpl)
     else:
         # A trailing newline from an editor or `echo` is not part of the text.
-        data = raw[:-1] if raw.endswith("\n") else raw
-    result = tpl.parse(data, vocab, completion=args.completion, lenient=args.lenient, thinking=args.thinking)
+        data = raw.removesuffix("\n").removesuffix("\r") if raw.endswith("\n") else raw
+    if args.openai:
+        _openai(args, tpl, data, vocab, out)
+        return
+    try:
+        result = tpl.parse(data, vocab, completion=args.completion, lenient=args.lenient, thinking=args.thinking)
+    except ParseError as e:
+        if args.completion or not _looks_like_completion(tpl, data, vocab):
+            raise
+        raise _UserError(f"{e}; {_COMPLETION_HINT}") from None
+    if not args.completion and result.get("diagnostics") and _looks_like_completion(tpl, data, vocab):
+        print(f"xtml: hint: {_COMPLETION_HINT}", file=sys.stderr)
     out.write(json.dumps(result, ensure_ascii=False, indent=2) + "\n")
+
+
+_COMPLETION_HINT = ("the input starts inside a message, as what a model generates after the generation prompt "
+                    "does: to read it as a completion, add --completion")
+
+
+def _looks_like_completion(tpl: Template, data: Any, vocab: Vocabulary | None) -> bool:
+    """Whether the input starts otherwise than a document does (with an open
+    tag): text or a close tag, as a completion starts inside the prompt's
+    channel."""
+    if isinstance(data, str):
+        return bool(data.strip()) and not data.lstrip().startswith(tpl.markers.open)
+    if not data or vocab is None or not 0 <= data[0] < vocab.size:
+        return False
+    return tpl.bind(vocab).kind_of_id.get(data[0], ("", ""))[1] != tpl.markers.open
+
+
+def _openai(args: argparse.Namespace, tpl: Template, data: Any, vocab: Vocabulary | None, out: TextIO) -> None:
+    from ..serving.openai import SSE_DONE, ChunkStream, chat_completion, sse
+
+    model = tpl.name
+    if not args.stream:
+        parsed = tpl.parse(data, vocab, completion=True, lenient=True, thinking=args.thinking)
+        out.write(json.dumps(chat_completion(parsed, model=model), ensure_ascii=False, indent=2) + "\n")
+        return
+    if vocab is None:
+        if not args.tokenizer:
+            raise _UsageError("--stream streams token ids: give --tokenizer (text is turned into ids with it)")
+        vocab = _tokenizer(args, tpl)
+        data = tpl.completion_ids(data, vocab)
+    parser = tpl.stream(vocab, thinking=args.thinking)
+    chunks = ChunkStream(model=model, template=tpl)
+    # Token by token, as a server streams: each chunk is what one token completed.
+    for events in (*(parser.feed(t) for t in data), parser.close()):
+        for c in chunks.feed(events):
+            out.write(sse(c) if args.sse else json.dumps(c, ensure_ascii=False) + "\n")
+    if args.sse:
+        out.write(SSE_DONE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -359,34 +429,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    out: TextIO = sys.stdout
-    handle = None
     try:
-        if getattr(args, "output", None):
+        with warnings.catch_warnings(record=True) as caught:
             try:
-                handle = open(args.output, "w", encoding="utf-8")
-            except OSError as e:
-                raise _UserError(f"cannot write {args.output}: {e.strerror or e}") from None
-            out = handle
-        code = 0
-        if args.command == "render":
-            _render(args, out)
-        elif args.command == "parse":
-            _parse(args, out)
-        elif args.command == "inspect":
-            _inspect(args, out)
-        elif args.command == "validate":
-            code = _validate(args, out)
-        elif args.command == "templates":
-            _templates(args, out)
-        elif args.command == "new-template":
-            _new_template(args, out)
-        elif args.command in dataset.COMMANDS:
-            code = dataset.run(args, out)
-        else:
-            code = _fuzz(args, out)
-        out.flush()
-        return code
+                return _run(args)
+            finally:
+                # A library warning (a plugin shadowed by a built-in, say) as
+                # one line, like every other message of the command.
+                for w in caught:
+                    print(f"xtml: warning: {w.message}", file=sys.stderr)
     except (XtmlError, _UserError) as e:
         print(f"xtml: error: {e}", file=sys.stderr)
         return 1
@@ -397,9 +448,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-    finally:
-        if handle is not None:
-            handle.close()
+
+
+# The commands whose output is kept until they are done: a failure writes
+# nothing, and a file may be both their input and their output. The others
+# report as they go.
+_BUFFERED = ("render", "parse", "inspect", "validate", "templates", "new-template", "export")
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Checked before any input is read.
+    args.destination = Output(args.output) if getattr(args, "output", None) else Output("-")
+    out: TextIO = io.StringIO() if args.command in _BUFFERED else sys.stdout
+    code = 0
+    if args.command == "render":
+        _render(args, out)
+    elif args.command == "parse":
+        _parse(args, out)
+    elif args.command == "inspect":
+        _inspect(args, out)
+    elif args.command == "validate":
+        code = _validate(args, out)
+    elif args.command == "templates":
+        _templates(args, out)
+    elif args.command == "new-template":
+        _new_template(args, out)
+    elif args.command in dataset.COMMANDS:
+        code = dataset.run(args, out)
+    elif args.command in export.COMMANDS:
+        code = export.run(args, out)
+    elif args.command in serve.COMMANDS:
+        code = serve.run(args, out)
+    else:
+        code = _fuzz(args, out)
+    if isinstance(out, io.StringIO):
+        args.destination.write_text(out.getvalue())
+    else:
+        out.flush()
+    return code
 
 
 def entry() -> None:

@@ -1,7 +1,7 @@
 """The markup layer: the XTML language itself, with no notion of chat.
 
 Tree (:mod:`.nodes`) → segments (:mod:`.segments`) → ids happens in
-:mod:`xtml.tokenizer`; ids or text → tree happens here (:mod:`.parse`,
+:mod:`xtml.vocab`; ids or text → tree happens here (:mod:`.parse`,
 :mod:`.grammar`).
 """
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
 
 from ..errors import ParseError
@@ -44,6 +44,36 @@ MAX_DEPTH = 64
 # More attributes than this on one tag are refused (strict) or cut (lenient):
 # no dialect needs them, and each one costs work in every later layer.
 MAX_ATTRIBUTES = 32
+
+# Quoted input in an error message or diagnostic is cut to this many
+# characters: a multi-megabyte header must not become a multi-megabyte message.
+QUOTE_LIMIT = 60
+
+
+def excerpt(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr`` of ``value`` (of at most ``limit`` characters of a string),
+    cut with an ellipsis."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else repr(value[: limit - 1]) + "…"
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 1] + "…"
+
+
+def check_size(data: object, limit: int | None) -> None:
+    """Refuse a parse input longer than ``limit`` (characters of text, or
+    token ids) before any work is done on it."""
+    if limit is None or not isinstance(data, Sized):
+        return
+    n = len(data)
+    if n <= limit:
+        return
+    msg = f"the input is {n:,} {'characters' if isinstance(data, str) else 'token ids'} long, more than " \
+          f"max_chars={limit:,}"
+    if isinstance(data, str):
+        line, col = line_col(data)(limit)
+        raise ParseError(msg, offset=limit, line=line, column=col)
+    raise ParseError(msg, offset=limit)
+
 
 _LABEL = {
     OPEN: "open marker",
@@ -232,12 +262,85 @@ def build(
     not allow. Lenient mode never raises; every repair becomes a
     :class:`Diagnostic` (see spec.md, "Recovery").
     """
+    b = TreeBuilder(lenient=lenient, max_depth=max_depth)
+    b.lexemes = lx
+    return b.finish(line_of)
+
+
+class TreeBuilder:
+    """:func:`build` fed lexemes as they come, for parsing a stream.
+
+    Append lexemes to :attr:`lexemes` and call :meth:`advance`: it consumes
+    every lexeme it can decide on, and stops at a tag whose header or
+    separator, or an embed whose end, has not come yet. :attr:`stack` holds
+    the open elements (innermost last; each with ``tag``, ``attrs``,
+    ``offset`` and the ``children`` attached so far) and :attr:`diagnostics`
+    the repairs so far. :meth:`finish` reads the end of input and returns the
+    tree, which is :func:`build`'s for the same lexemes: the driver is the
+    same code.
+    """
+
+    __slots__ = ("_scan", "diagnostics", "lenient", "lexemes", "max_depth", "need_end", "next", "stack", "top")
+
+    def __init__(self, *, lenient: bool = False, max_depth: int = MAX_DEPTH) -> None:
+        self.lexemes = Lexemes()
+        self.lenient = lenient
+        self.max_depth = max_depth
+        self.top: list[Node] = []
+        self.stack: list[_Open] = []
+        self.diagnostics: list[Diagnostic] = []
+        self.need_end = False
+        self.next = 0
+        """Index of the first lexeme not consumed yet."""
+        # How far the lexemes after a waiting embed-begin marker were
+        # scanned: an embed fed piece by piece is scanned once, not again at
+        # every advance.
+        self._scan = 0
+
+    def advance(self) -> None:
+        """Consume what can be decided (strict mode raises at an error)."""
+        _drive(self, None, final=False)
+
+    def finish(self, line_of: Callable[[int], tuple[int, int]] | None = None) -> Document:
+        """The end of input (at ``lexemes.end``): the tree."""
+        doc = _drive(self, line_of, final=True)
+        assert doc is not None
+        return doc
+
+    def drop_consumed(self) -> None:
+        """Forget the lexemes consumed so far (nothing looks back at them):
+        a long stream keeps only what is still undecided."""
+        if self.next:
+            lx = self.lexemes
+            del lx.kinds[: self.next], lx.texts[: self.next], lx.offsets[: self.next]
+            self.next = 0
+            self._scan = 0
+
+    def _waits(self, i: int, n: int, k: str) -> bool:
+        """Whether lexeme ``i`` needs lexemes after it that have not come."""
+        kinds = self.lexemes.kinds
+        if k == OPEN or k == CLOSE:
+            return i + 1 >= n or (kinds[i + 1] == TEXT and i + 2 >= n)
+        if k == EMBED_BEGIN:
+            j = max(i + 1, self._scan)
+            while j < n and kinds[j] in (TEXT, EMBED_INNER):
+                j += 1
+            self._scan = j
+            return j >= n
+        return False
+
+
+def _drive(b: TreeBuilder, line_of: Callable[[int], tuple[int, int]] | None, final: bool) -> Document | None:
+    """The driver of :func:`build` and :class:`TreeBuilder`: consumes
+    lexemes from ``b.next``; unless ``final``, stops where it must wait."""
+    lx = b.lexemes
+    lenient, max_depth = b.lenient, b.max_depth
     kinds, texts, offsets = lx.kinds, lx.texts, lx.offsets
     n = len(kinds)
-    top: list[Node] = []
-    stack: list[_Open] = []
-    diags: list[Diagnostic] = []
-    need_end = False
+    top = b.top
+    stack = b.stack
+    diags = b.diagnostics
+    need_end = b.need_end
 
     def fail(i: int, msg: str, kind: str) -> None:
         off = offsets[i] if i < n else lx.end
@@ -252,9 +355,8 @@ def build(
         if i >= n:
             return "end of input"
         if kinds[i] == TEXT:
-            snippet = texts[i] if len(texts[i]) <= 40 else texts[i][:37] + "..."
-            return f"text {snippet!r}"
-        return f"{_LABEL[kinds[i]]} {texts[i]!r}"
+            return f"text {excerpt(texts[i], 40)}"
+        return f"{_LABEL[kinds[i]]} {excerpt(texts[i])}"
 
     def attach(node: Node) -> None:
         if stack:
@@ -262,9 +364,11 @@ def build(
         else:
             top.append(node)
 
-    i = 0
+    i = b.next
     while i < n:
         k = kinds[i]
+        if not final and b._waits(i, n, k):
+            break
         if need_end and k != END:
             fail(i, f"expected the end-of-message marker after a top-level element, found {found(i)}",
                  "missing-end")
@@ -288,7 +392,7 @@ def build(
             htext = texts[i + 1]
             hdr = parse_header(htext)
             if hdr is None:
-                fail(i + 1, f"malformed tag header {htext!r}", "bad-header")
+                fail(i + 1, f"malformed tag header {excerpt(htext)}", "bad-header")
                 hdr = salvage_header(htext)
                 if not hdr[0]:
                     i += 3
@@ -306,18 +410,18 @@ def build(
                 stack.append(_Open(tag, attrs, offsets[i]))
             else:
                 if attrs:
-                    fail(i + 1, f"a close tag carries no attributes, found {htext!r}", "bad-header")
+                    fail(i + 1, f"a close tag carries no attributes, found {excerpt(htext)}", "bad-header")
                 if not stack:
-                    fail(i, f"close tag {tag!r} has no open element", "stray-close")
+                    fail(i, f"close tag {excerpt(tag)} has no open element", "stray-close")
                 elif stack[-1].tag != tag:
                     depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d].tag == tag), -1)
-                    fail(i, f"close tag {tag!r} does not match open element {stack[-1].tag!r}",
+                    fail(i, f"close tag {excerpt(tag)} does not match open element {excerpt(stack[-1].tag)}",
                          "mismatched-close")
                     if depth >= 0:
                         while len(stack) > depth + 1:
                             o = stack.pop()
                             diags.append(Diagnostic("unclosed", o.offset,
-                                                    f"element {o.tag!r} was never closed"))
+                                                    f"element {excerpt(o.tag)} was never closed"))
                             attach(Element(o.tag, o.attrs, tuple(o.children), closed=False, offset=o.offset))
                         o = stack.pop()
                         attach(Element(o.tag, o.attrs, tuple(o.children), offset=o.offset))
@@ -330,10 +434,10 @@ def build(
             continue
         if k == END:
             if stack:
-                fail(i, f"end-of-message marker inside element {stack[-1].tag!r}", "early-end")
+                fail(i, f"end-of-message marker inside element {excerpt(stack[-1].tag)}", "early-end")
                 while stack:
                     o = stack.pop()
-                    diags.append(Diagnostic("unclosed", o.offset, f"element {o.tag!r} was never closed"))
+                    diags.append(Diagnostic("unclosed", o.offset, f"element {excerpt(o.tag)} was never closed"))
                     attach(Element(o.tag, o.attrs, tuple(o.children), closed=False, offset=o.offset))
                 top.append(EndOfMessage())
             elif not need_end:
@@ -379,13 +483,17 @@ def build(
             stack[-1].children.append(Text(texts[i]))
         i += 1
 
+    b.next = i
+    b.need_end = need_end
+    if not final:
+        return None
     if need_end:
         fail(n, "expected the end-of-message marker, found end of input", "missing-end")
     if stack:
         # A trailing chain of empty open tags is the generation prompt.
         tail = all(not o.children for o in stack[:-1]) and not stack[-1].children
         if not tail:
-            fail(n, f"element {stack[-1].tag!r} is not closed at end of input", "truncated")
+            fail(n, f"element {excerpt(stack[-1].tag)} is not closed at end of input", "truncated")
         node: Element | None = None
         while stack:
             o = stack.pop()
@@ -411,25 +519,46 @@ class _Bail(Exception):
     """The fast path met something only the general driver handles."""
 
 
-_tag_patterns: dict[tuple[int, ...], re.Pattern[str]] = {}
+_tag_patterns: dict[tuple[tuple[int, str], ...], re.Pattern[str]] = {}
 
 
 def _tag_pattern(marker_kinds: dict[int, tuple[str, str]]) -> re.Pattern[str] | None:
-    """Over ids-as-characters: a whole open tag (group 1 = header), a whole
-    close tag (group 2), the end marker, or any other marker (group 3)."""
+    """Over ids-as-characters, one of: a whole element that holds text only
+    (groups 1, 2, 3: open header, body, close header), a whole open tag
+    (group 4 = header), a whole close tag (group 5), the end marker (no
+    group), or any other marker (group 6)."""
     by_kind: dict[str, list[int]] = {}
     for i, (kind, _) in marker_kinds.items():
         by_kind.setdefault(kind, []).append(i)
     if any(len(by_kind.get(k, ())) != 1 for k in (OPEN, CLOSE, SEP, END)) or max(marker_kinds) > 0x10FFFF:
         return None
-    o, c, s, e = (re.escape(chr(by_kind[k][0])) for k in (OPEN, CLOSE, SEP, END))
-    key = tuple(sorted(marker_kinds))
+    key = tuple(sorted((i, k) for i, (k, _) in marker_kinds.items()))
     pat = _tag_patterns.get(key)
     if pat is None:
-        every = "".join(re.escape(chr(i)) for i in key)
-        pat = re.compile(f"{o}([^{every}]*){s}|{c}([^{every}]*){s}|{e}|([{every}])")
+        o, c, s, e = (re.escape(chr(by_kind[k][0])) for k in (OPEN, CLOSE, SEP, END))
+        every = _ranges([i for i, _ in key])
+        run = f"([^{every}]*)"
+        # Most elements hold text only (contents, channels, arguments): one
+        # match for the three lexemes, one trip through the loop below.
+        pat = re.compile(f"{o}{run}{s}{run}{c}{run}{s}|{o}{run}{s}|{c}{run}{s}|{e}|([{every}])")
         _tag_patterns[key] = pat
     return pat
+
+
+def _ranges(ids: list[int]) -> str:
+    """The inside of a character class of ``ids`` (sorted), consecutive ids
+    as ranges: a vocabulary's markers are usually added in a row, and a
+    range is one comparison per character where a list of characters is
+    one per member."""
+    out: list[str] = []
+    k = 0
+    while k < len(ids):
+        j = k
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(re.escape(chr(ids[k])) if j == k else f"{re.escape(chr(ids[k]))}-{re.escape(chr(ids[j]))}")
+        k = j + 1
+    return "".join(out)
 
 
 def build_ids_fast(
@@ -438,6 +567,7 @@ def build_ids_fast(
     decode_batch: Callable[[list[Sequence[int]]], list[str]],
     header_cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]],
     max_depth: int = MAX_DEPTH,
+    as_text: str | None = None,
 ) -> Document | None:
     """The tree of well-formed ids in one pass, or None.
 
@@ -446,17 +576,37 @@ def build_ids_fast(
     tags are neither decoded nor re-parsed. On anything unusual (an error, an
     embed span) it returns None and the caller runs the general lexer and
     driver, which report errors and repairs. Tests check the two agree.
+    ``as_text`` is :func:`ids_as_text` of ``ids`` when the caller has it.
     """
     pat = _tag_pattern(marker_kinds)
     if pat is None or not ids:
         return None
-    as_text = ids_as_text(ids)
     if as_text is None:
-        return None
+        as_text = ids_as_text(ids)
+        if as_text is None:
+            return None
     try:
         return _fast(ids, as_text, pat, marker_kinds, decode_batch, header_cache, max_depth)
     except _Bail:
         return None
+
+
+def _header(
+    m: re.Match[str],
+    g: int,
+    ids: Sequence[int],
+    decode_batch: Callable[[list[Sequence[int]]], list[str]],
+    cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]],
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The header of group ``g``, parsed (and cached) on a cache miss."""
+    key = m.group(g)
+    b, e = m.span(g)
+    parsed = parse_header(decode_batch([ids[b:e]])[0]) if e > b else None
+    if parsed is None or len(parsed[1]) > MAX_ATTRIBUTES:
+        raise _Bail
+    if len(key) <= CACHEABLE:
+        cache[key] = parsed
+    return parsed
 
 
 def _fast(
@@ -468,75 +618,96 @@ def _fast(
     cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]],
     max_depth: int,
 ) -> Document:
+    # The loop runs once per element or tag of the input, so it keeps to
+    # locals: the open elements are tuples (tag, attrs, children, offset),
+    # ``kids`` is the children list of the innermost one, and body text is
+    # decoded in one batch at the end (``holes`` wait for it).
     top: list[Node] = []
-    stack: list[_Open] = []
+    stack: list[tuple[str, tuple[tuple[str, str], ...], list[Node], int]] = []
+    kids: list[Node] | None = None
     runs: list[Sequence[int]] = []
     holes: list[Text] = []
     need_end = False
     pos = 0
     end = EndOfMessage()
+    get = cache.get
     for m in pat.finditer(as_text):
         a = m.start()
         if a > pos:
-            if not stack:
+            if kids is None:
                 raise _Bail
             t = Text("")
-            stack[-1].children.append(t)
+            kids.append(t)
             holes.append(t)
             runs.append(ids[pos:a])
         g = m.lastindex
-        if g == 1 or g == 2:
-            key = m.group(g)
-            hdr = cache.get(key)
-            if hdr is None:
-                b, e = m.span(g)
-                parsed = parse_header(decode_batch([ids[b:e]])[0]) if e > b else None
-                if parsed is None or len(parsed[1]) > MAX_ATTRIBUTES:
-                    raise _Bail
-                hdr = parsed
-                if len(key) <= CACHEABLE:
-                    cache[key] = parsed
-            if g == 1:
-                if need_end or len(stack) >= max_depth:
-                    raise _Bail
-                stack.append(_Open(hdr[0], hdr[1], a))
+        if g == 3:
+            # A whole element holding text only.
+            hdr = get(m.group(1)) or _header(m, 1, ids, decode_batch, cache)
+            close = get(m.group(3)) or _header(m, 3, ids, decode_batch, cache)
+            if close[1] or close[0] != hdr[0] or len(stack) >= max_depth:
+                raise _Bail
+            b, e = m.span(2)
+            if e > b:
+                t = Text("")
+                holes.append(t)
+                runs.append(ids[b:e])
+                el = Element(hdr[0], hdr[1], (t,), True, a)
             else:
-                if hdr[1] or not stack or stack[-1].tag != hdr[0]:
-                    raise _Bail
-                o = stack.pop()
-                el = Element(o.tag, o.attrs, tuple(o.children), offset=o.offset)
-                if stack:
-                    stack[-1].children.append(el)
-                else:
-                    top.append(el)
-                    need_end = True
+                el = Element(hdr[0], hdr[1], (), True, a)
+            if kids is not None:
+                kids.append(el)
+            elif need_end:
+                raise _Bail
+            else:
+                top.append(el)
+                need_end = True
+        elif g == 4:
+            hdr = get(m.group(4)) or _header(m, 4, ids, decode_batch, cache)
+            if need_end or len(stack) >= max_depth:
+                raise _Bail
+            kids = []
+            stack.append((hdr[0], hdr[1], kids, a))
+        elif g == 5:
+            hdr = get(m.group(5)) or _header(m, 5, ids, decode_batch, cache)
+            if hdr[1] or not stack or stack[-1][0] != hdr[0]:
+                raise _Bail
+            tag, attrs, children, at = stack.pop()
+            el = Element(tag, attrs, tuple(children), True, at)
+            if stack:
+                kids = stack[-1][2]
+                kids.append(el)
+            else:
+                kids = None
+                top.append(el)
+                need_end = True
         elif g is None:
-            if stack or not need_end:
+            if kids is not None or not need_end:
                 raise _Bail
             top.append(end)
             need_end = False
         else:
             kind, marker = marker_kinds[ids[a]]
-            if kind != EMBED_MARK or not stack:
+            if kind != EMBED_MARK or kids is None:
                 raise _Bail
-            stack[-1].children.append(Embed(marker))
+            kids.append(Embed(marker))
         pos = m.end()
     if pos < len(ids):
-        if not stack:
+        if kids is None:
             raise _Bail
         t = Text("")
-        stack[-1].children.append(t)
+        kids.append(t)
         holes.append(t)
         runs.append(ids[pos:])
     if need_end:
         raise _Bail
     if stack:
-        if any(o.children for o in stack):
+        if any(children for _, _, children, _ in stack):
             raise _Bail
         node: Element | None = None
         while stack:
-            o = stack.pop()
-            node = Element(o.tag, o.attrs, (node,) if node is not None else (), closed=False, offset=o.offset)
+            tag, attrs, _, at = stack.pop()
+            node = Element(tag, attrs, (node,) if node is not None else (), False, at)
         assert node is not None
         top.append(node)
     if runs:

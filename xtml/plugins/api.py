@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ..markup.header import int_value, number_value
 from . import jsonfmt
 
 if TYPE_CHECKING:
@@ -110,11 +111,15 @@ def _fits(v: str, typ: type) -> bool:
         return True
     if typ is bool:
         return v in ("true", "false")
+    if typ is int:
+        return int_value(v) is not None
+    if typ is float:
+        return number_value(v) is not None
     try:
         typ(v)
     except ValueError:
         return False
-    return typ is not float or v.strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity")
+    return True
 
 
 class ContentExtension:
@@ -130,7 +135,9 @@ class ContentExtension:
     attributes: Mapping[str, Mapping[str, type]] = {}
     """For each owned element, the attributes it may carry and the type of
     each value (``str``, ``int``, ``float`` or ``bool``). Checked when the
-    plugin renders one and before :meth:`read_element` sees one."""
+    plugin renders one and before :meth:`read_element` sees one; numbers
+    are JSON's number syntax in ASCII digits (spec.md §3.2), so ``int(v)``
+    and ``float(v)`` of a checked value are finite and what was written."""
     embeds: bool = False
     """Whether it reads embeds back (see :meth:`read_embed`)."""
     markers: tuple[str, ...] = ()
@@ -173,6 +180,21 @@ class ContentExtension:
 
     def strategy(self) -> SearchStrategy[dict[str, Any]] | None:
         """Hypothesis strategy for parts this extension renders."""
+        return None
+
+    def completion_grammar(self, names: Mapping[str, str]) -> str | None:
+        """The grammar of the elements a model may write with this plugin
+        inside a response channel, for constrained decoding (see
+        :func:`xtml.serving.grammar.completion_grammar`); None (the default):
+        the exported grammar admits none of them.
+
+        Rules ``name: expression`` in the subset of Lark every export shares:
+        string literals (JSON escapes), rule names, grouping, ``|``, ``?``,
+        ``*``, ``+``. ``names`` gives the rules to use: ``start``, the rule to
+        define (one alternative per element); ``open``, ``close``, ``sep``,
+        the markers; ``text``, body text (maybe empty, never a marker);
+        ``value`` and ``nonempty_value``, an attribute value as the markup
+        escapes it. Other lowercase names are the fragment's own rules."""
         return None
 
 

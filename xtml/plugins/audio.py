@@ -15,7 +15,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .api import ContentExtension, Context
-from .media import PromptFormat, Settings, b64, data_bytes, local_path, positive_number, reference, wav_seconds
+from .media import (
+    PromptFormat,
+    Settings,
+    b64,
+    data_bytes,
+    local_path,
+    positive_number,
+    read_file,
+    reference,
+    wav_seconds,
+)
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -33,9 +43,9 @@ class AudioExtension(ContentExtension):
         s = Settings(settings, where, _KEYS)
         self.part_types, self.input_types = s.part_types("audio", ["audio", "input_audio"])
         self.read_files = s.flag("read_files", False)
-        self.decimals = s.num("decimals", 2, integer=True, minimum=0)
-        self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9)
-        self.max_seconds = s.num("max_seconds", 3600, minimum=1e-9)
+        self.decimals = s.num("decimals", 2, integer=True, minimum=0, maximum=17)
+        self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9, maximum=1e6)
+        self.max_seconds = s.num("max_seconds", 3600, minimum=1e-9, maximum=1e7)
         self.format = PromptFormat(s.text("prompt"), s.text("pad"), {"seconds": r"[0-9]+(?:\.[0-9]+)?"}, where)
         self.markers = (self.format.pad,)
 
@@ -61,10 +71,7 @@ class AudioExtension(ContentExtension):
                 data = data_bytes(ref)
                 path = local_path(ref, self.read_files) if data is None else None
                 if data is None and path is not None and path.suffix.lower() == ".wav":
-                    try:
-                        data = path.read_bytes()
-                    except OSError as e:
-                        raise ValueError(f"cannot read audio file {path}: {e.strerror or e}") from None
+                    data = read_file(path, "audio")
                 if data is not None:
                     duration = wav_seconds(data)
         if duration is None:
@@ -88,6 +95,12 @@ class AudioExtension(ContentExtension):
         if got is None:
             return None
         seconds, pads = got[0]["seconds"], got[1]
+        # Read back only what render writes: a length past max_seconds (or
+        # past a float's range) would not render again.
+        if not 0 < float(seconds) <= self.max_seconds:
+            shown = seconds if len(seconds) <= 24 else f"{seconds[:24]}… ({len(seconds):,} digits)"
+            raise ValueError(f"audio of {shown} s: a length is more than 0 and at most this template's "
+                             f"max_seconds ({self.max_seconds:g})")
         if pads != self.pads(seconds):
             ctx.problem(f"audio of {seconds} s has {pads} pads, expected {self.pads(seconds)}", "bad-embed")
         return {"type": "audio", "duration": float(seconds)}

@@ -141,14 +141,22 @@ class Tools(ChannelExtension):
         if not name:
             r.problem(el, "a call without a tool name", "missing-attribute", here)
             name = name or ""
-        if a.get(n["index"]) != str(k):
-            r.problem(el, f"call index {a.get(n['index'])!r}, expected {str(k)!r}", "bad-index", here)
+        got = a.get(n["index"])
+        if got != str(k):
+            r.problem(el, f"call index {_show(got) if got is not None else None}, expected {str(k)!r}", "bad-index",
+                      here)
         blocks = [c for c in el.children if isinstance(c, Element) and c.tag == n["json"]]
         arguments: str
         if blocks:
             if len(el.children) != 1:
                 r.problem(el, "a json block must be the only thing in a call", "stray-content", here)
             arguments = r.text(blocks[0], f"{here}/{n['json']}")
+            why = _not_a_block(arguments)
+            if why:
+                # Rendered again, such text would be refused (K3's rule for
+                # JSON that is not an object), so say so now.
+                r.problem(blocks[0], f"a json block holds {why}, which does not render back: {_show(arguments)}",
+                          "bad-argument", f"{here}/{n['json']}")
         else:
             args: dict[str, Any] = {}
             for c in el.children:
@@ -181,17 +189,44 @@ class Tools(ChannelExtension):
         if want is None:
             r.problem(el, f"argument {key!r} has unknown type {typ!r}", "bad-argument", path)
             return key, raw
+        # Standard JSON only: Python's decoder also reads NaN, Infinity and
+        # 1e999, which would make ``arguments`` text that other JSON readers,
+        # and this template's render, refuse. Lenient parses keep such a
+        # value as the string it is.
         try:
-            value = json.loads(raw)
+            value = jsonfmt.loads(raw)
+        except jsonfmt.NotStandard as e:
+            r.problem(el, f"argument {key!r} of type {typ} is not standard JSON ({e}): {_show(raw)}",
+                      "bad-argument", path)
+            return key, raw
         except (json.JSONDecodeError, RecursionError):
-            r.problem(el, f"argument {key!r} of type {typ} is not JSON: {raw[:40]!r}", "bad-argument", path)
+            r.problem(el, f"argument {key!r} of type {typ} is not JSON: {_show(raw)}", "bad-argument", path)
             return key, raw
         if not isinstance(value, want) or (typ == "number" and isinstance(value, bool)):
-            r.problem(el, f"argument {key!r} is not a {typ}: {raw[:40]!r}", "bad-argument", path)
+            r.problem(el, f"argument {key!r} is not a {typ}: {_show(raw)}", "bad-argument", path)
             return key, raw
         return key, value
+
+
+def _show(text: str) -> str:
+    """The start of a value, for a message (a value may be megabytes)."""
+    return repr(text[:40]) + (f"… ({len(text):,} characters)" if len(text) > 40 else "")
 
 
 think = _Plugin(Think())
 response = _Plugin(Response())
 tools = _Plugin(Tools())
+
+
+def _not_a_block(text: str) -> str:
+    """Why a json block's text would not render as a json block again, or ''.
+
+    Only text that is not JSON goes into the block; JSON that is not an
+    object, and JSON only Python's decoder reads, is refused by render."""
+    try:
+        value = jsonfmt.loads(text)
+    except jsonfmt.NotStandard:
+        return "JSON that is not standard"
+    except (ValueError, RecursionError):
+        return ""
+    return "" if type(value) is dict else "JSON that is not an object"

@@ -23,7 +23,20 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OptionError, TemplateError
 from .api import ContentExtension, Context
-from .media import Grid, PromptFormat, Settings, data_bytes, image_size, local_path, positive_int, reference
+from .media import (
+    MAX_PIXELS,
+    Grid,
+    PromptFormat,
+    Settings,
+    check_size,
+    data_bytes,
+    image_size,
+    local_path,
+    positive_int,
+    prompt_int,
+    read_file,
+    reference,
+)
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -76,7 +89,7 @@ class ImageExtension(ContentExtension):
         if (w is None) != (h is None):
             raise ValueError("give both width and height, or neither")
         if w is not None and h is not None:
-            return ImageValue(w, h)
+            return ImageValue(*check_size(w, h))
         ref = reference(part, ("image_url", "image", "url"))
         if ref is None:
             return ImageValue()
@@ -85,7 +98,7 @@ class ImageExtension(ContentExtension):
             return ImageValue(*image_size(data))
         path = local_path(ref, self.read_files)
         if path is not None:
-            return ImageValue(*image_size(path))
+            return ImageValue(*image_size(read_file(path, "image"), f"file {path}"))
         return ImageValue()  # a remote URL: its size is unknown here
 
     def prompt_for(self, width: int, height: int) -> str:
@@ -144,9 +157,12 @@ class ImageExtension(ContentExtension):
         got = self.sized.read(raw)
         if got is None:
             return None
-        w, h = int(got[0]["width"]), int(got[0]["height"])
+        w, h = prompt_int(got[0]["width"]), prompt_int(got[0]["height"])
         assert self.grid is not None
-        if w <= 0 or h <= 0 or got[1] != self.grid.tokens(w, h) or raw != self.prompt_for(w, h):
+        # A size render refuses is not one this template writes.
+        if w is None or h is None or w <= 0 or h <= 0 or w * h > MAX_PIXELS:
+            return None
+        if got[1] != self.grid.tokens(w, h) or raw != self.prompt_for(w, h):
             return None
         return w, h
 

@@ -7,7 +7,9 @@ import base64
 import binascii
 import io
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +49,15 @@ class Settings:
         types = self.types("part_types", default)
         return (own, *(t for t in types if t != own)), types
 
-    def num(self, key: str, default: float | None = None, *, integer: bool = False, minimum: float = 0) -> Any:
+    def num(self, key: str, default: float | None = None, *, integer: bool = False, minimum: float = 0,
+            maximum: float = 1e9) -> Any:
+        """A number in [minimum, maximum]. The bound keeps the plugins'
+        arithmetic (sizes times rates, in floats) finite."""
         v = self.s.get(key, default)
         ok = isinstance(v, int) if integer else isinstance(v, int | float)
-        if not ok or isinstance(v, bool) or v is None or v < minimum or (not integer and not math.isfinite(v)):
+        if not ok or isinstance(v, bool) or v is None or not minimum <= v <= maximum:
             kind = "an integer" if integer else "a number"
-            raise TemplateError(f"{key} must be {kind} ≥ {minimum}", location=f"{self.where}.{key}")
+            raise TemplateError(f"{key} must be {kind} from {minimum:g} to {maximum:g}", location=f"{self.where}.{key}")
         return v
 
     def flag(self, key: str, default: bool) -> bool:
@@ -76,9 +81,10 @@ class Grid:
 
     @classmethod
     def from_settings(cls, s: Settings) -> Grid:
-        g = cls(s.num("patch_size", 14, integer=True, minimum=1), s.num("merge_size", 2, integer=True, minimum=1),
-                s.num("min_pixels", 56 * 56, integer=True, minimum=1),
-                s.num("max_pixels", 28 * 28 * 1280, integer=True, minimum=1))
+        g = cls(s.num("patch_size", 14, integer=True, minimum=1, maximum=MAX_SIDE),
+                s.num("merge_size", 2, integer=True, minimum=1, maximum=MAX_SIDE),
+                s.num("min_pixels", 56 * 56, integer=True, minimum=1, maximum=MAX_PIXELS),
+                s.num("max_pixels", 28 * 28 * 1280, integer=True, minimum=1, maximum=MAX_PIXELS))
         if g.min_pixels > g.max_pixels:
             raise TemplateError("min_pixels must not exceed max_pixels", location=f"{s.where}.min_pixels")
         return g
@@ -152,6 +158,40 @@ class PromptFormat:
 
 # -- media data ----------------------------------------------------------------------
 
+# The largest image (or video frame) xtml reads the size of or takes a size
+# for: 2**26 pixels (8192 x 8192). Below Pillow's own threshold for a
+# decompression bomb (89,478,485 pixels, where it warns), so Pillow's
+# warnings never decide what is accepted.
+MAX_PIXELS = 1 << 26
+# A side, for settings that multiply into sizes (patch_size, merge_size).
+MAX_SIDE = 1 << 16
+# The largest local file read (when a template allows reading files): 64 MiB.
+MAX_FILE_BYTES = 64 << 20
+
+
+def check_size(width: int, height: int, what: str = "an image") -> tuple[int, int]:
+    """``(width, height)``, refused (ValueError) when not positive or when
+    the pixel count is past :data:`MAX_PIXELS`."""
+    if width <= 0 or height <= 0:
+        raise ValueError(f"{what} of {show_int(width)}x{show_int(height)} pixels has no pixels")
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"{what} of {show_int(width)}x{show_int(height)} pixels is larger than xtml reads "
+                         f"({MAX_PIXELS:,} pixels)")
+    return width, height
+
+
+def show_int(n: int) -> str:
+    """An integer from a request, for a message: it may be too long to print
+    (past Python's digit limit, str() raises)."""
+    return str(n) if n.bit_length() <= 64 else f"(a {n.bit_length():,}-bit number)"
+
+
+def prompt_int(text: str) -> int | None:
+    """A whole number a prompt pattern matched (ASCII digits), or None when
+    it has more digits than any size or count xtml writes."""
+    return int(text) if len(text) <= 18 else None
+
+
 def data_bytes(url: str) -> bytes | None:
     """The bytes of a base64 ``data:`` URL, None for any other string."""
     if not url.startswith("data:"):
@@ -175,30 +215,70 @@ def local_path(ref: str, allowed: bool) -> Path | None:
     a served model must not let a request probe the server's files."""
     if not allowed:
         return None
-    if ref.startswith("file://"):
-        return Path(unquote(urlparse(ref).path))
+    if ref[:7].lower() == "file://":
+        url = urlparse(ref)
+        # file://HOST/path names a file on another machine (a network share
+        # on Windows); reading /path here instead would be another file.
+        if url.netloc not in ("", "localhost"):
+            raise ValueError(f"a file URL names a host ({url.netloc!r}); only local files are read")
+        return Path(unquote(url.path))
     if "://" in ref or ref.startswith("data:"):
         return None
     return Path(ref)
 
 
-def image_size(data: bytes | Path) -> tuple[int, int]:
-    """Width and height read from an image's header (Pillow)."""
+def read_file(path: Path, what: str) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_FILE_BYTES`.
+
+    A device, a pipe or a folder is refused before anything is read (a
+    link to /dev/zero would be read until memory runs out), and at most one
+    byte past the cap is read, so a file that grows meanwhile is refused
+    too. A missing file, one this process may not read and one that is not
+    a regular file get the same message: the request learns no more about
+    the server's files than that it cannot have this one."""
+    cannot = ValueError(f"{what} file not found or not readable: {str(path)!r}")
+    # Without O_NONBLOCK, opening a FIFO waits for a writer; a tty must not
+    # become the process's controlling terminal.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
     try:
-        from PIL import Image, UnidentifiedImageError
+        fd = os.open(path, flags)
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        raise cannot from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise cannot
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError:
+        raise cannot from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{what} file {str(path)!r} is larger than xtml reads ({MAX_FILE_BYTES:,} bytes)")
+    return data
+
+
+def image_size(data: bytes, what: str = "the data") -> tuple[int, int]:
+    """Width and height read from an image's header (Pillow), checked by
+    :func:`check_size`. Only the header is read: the pixels are never
+    decoded. ``what`` names the data in messages."""
+    try:
+        from PIL import Image
     except ImportError:
         raise ValueError("reading an image's size needs Pillow: pip install 'xtml[media]', or give width and "
                          "height in the part") from None
     try:
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
-            return int(im.width), int(im.height)
-    except FileNotFoundError:
-        raise ValueError(f"image file not found: {data!s}") from None
-    except UnidentifiedImageError:
-        what = "the data" if isinstance(data, bytes) else f"file {data!s}"
+        with Image.open(io.BytesIO(data)) as im:
+            size = int(im.width), int(im.height)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        # Past Pillow's own limit, which is above ours: too large either way.
+        raise ValueError(f"{what}: the image is larger than xtml reads ({MAX_PIXELS:,} pixels)") from None
+    except Exception:
+        # Pillow's format readers parse hostile bytes; besides OSError
+        # (UnidentifiedImageError) some raise ValueError, struct.error or
+        # worse on truncated or crafted headers.
         raise ValueError(f"{what} is not an image format Pillow reads") from None
-    except OSError as e:
-        raise ValueError(f"cannot read the image: {e.strerror or e}") from None
+    return check_size(*size)
 
 
 def wav_seconds(data: bytes) -> float:
@@ -208,11 +288,15 @@ def wav_seconds(data: bytes) -> float:
     try:
         with wave.open(io.BytesIO(data)) as w:
             rate = w.getframerate()
-            if rate <= 0:
-                raise ValueError("WAV audio with a zero frame rate")
-            return float(w.getnframes()) / float(rate)
+            frames = w.getnframes()
     except (wave.Error, EOFError) as e:
         raise ValueError(f"not readable WAV audio: {str(e) or 'the data ends before its header does'}") from None
+    except Exception:
+        # The reader trusts the header's chunk sizes and counts.
+        raise ValueError("not readable WAV audio") from None
+    if rate <= 0:
+        raise ValueError("WAV audio with a zero frame rate")
+    return float(frames) / float(rate)
 
 
 def positive_int(part: Mapping[str, Any], key: str) -> int | None:
@@ -228,9 +312,15 @@ def positive_number(part: Mapping[str, Any], key: str) -> float | None:
     v = part.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, int | float):
         raise ValueError(f"{key} must be a positive number")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer past a float's range
+        raise ValueError(f"{key} must be a positive number a float can hold") from None
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError(f"{key} must be a positive number")
+    return f
 
 
 def reference(part: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:

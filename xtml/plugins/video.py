@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .api import ContentExtension, Context
-from .media import Grid, PromptFormat, Settings, positive_int, positive_number
+from .media import (
+    MAX_PIXELS,
+    Grid,
+    PromptFormat,
+    Settings,
+    check_size,
+    positive_int,
+    positive_number,
+    prompt_int,
+    show_int,
+)
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -32,19 +42,21 @@ class VideoExtension(ContentExtension):
         s = Settings(settings, where, _KEYS)
         self.part_types, self.input_types = s.part_types("video", ["video", "video_url"])
         self.grid = Grid.from_settings(s)
-        self.sample_fps = s.num("sample_fps", 2.0, minimum=1e-9)
-        self.max_frames = s.num("max_frames", 64, integer=True, minimum=1)
+        self.sample_fps = s.num("sample_fps", 2.0, minimum=1e-9, maximum=1e4)
+        self.max_frames = s.num("max_frames", 64, integer=True, minimum=1, maximum=1 << 20)
         self.format = PromptFormat(s.text("prompt"), s.text("pad"),
                                    {"frames": "[0-9]+", "width": "[0-9]+", "height": "[0-9]+"}, where)
         self.markers = (self.format.pad,)
 
     def frames_for(self, duration: float) -> int:
-        return int(max(1, min(self.max_frames, round(duration * self.sample_fps))))
+        # duration is finite, but times sample_fps it may not be.
+        return int(max(1, min(self.max_frames, round(min(duration * self.sample_fps, 1e18)))))
 
     def prepare(self, part: Mapping[str, Any]) -> tuple[int, int, int]:
         w, h = positive_int(part, "width"), positive_int(part, "height")
         if w is None or h is None:
             raise ValueError("a video part needs width and height (of its frames)")
+        check_size(w, h, "a video frame")
         frames = positive_int(part, "frames")
         if frames is None:
             duration = positive_number(part, "duration")
@@ -52,7 +64,8 @@ class VideoExtension(ContentExtension):
                 raise ValueError("a video part needs frames (sampled) or duration (seconds)")
             frames = self.frames_for(duration)
         if frames > self.max_frames:
-            raise ValueError(f"{frames} frames is more than this template's max_frames ({self.max_frames})")
+            raise ValueError(f"{show_int(frames)} frames is more than this template's max_frames "
+                             f"({self.max_frames})")
         return frames, w, h
 
     def pads(self, frames: int, width: int, height: int) -> int:
@@ -71,10 +84,16 @@ class VideoExtension(ContentExtension):
         if got is None:
             return None
         fields, pads = got
-        f, w, h = int(fields["frames"]), int(fields["width"]), int(fields["height"])
-        if min(f, w, h) <= 0 or pads != self.pads(f, w, h):
-            ctx.problem(f"video {f}x{w}x{h} has {pads} pads, expected {self.pads(f, w, h) if min(f, w, h) else 0}",
-                        "bad-embed")
+        f, w, h = prompt_int(fields["frames"]), prompt_int(fields["width"]), prompt_int(fields["height"])
+        # Read back only what render writes: a frame count or size it refuses
+        # would not render again (and a huge one would overflow the grid).
+        if f is None or w is None or h is None or not 0 < f <= self.max_frames or min(w, h) <= 0 \
+                or w * h > MAX_PIXELS:
+            raise ValueError(f"video {_digits(fields['frames'])}x{_digits(fields['width'])}x"
+                             f"{_digits(fields['height'])}: a video has 1 to {self.max_frames} frames of 1 to "
+                             f"{MAX_PIXELS:,} pixels")
+        if pads != self.pads(f, w, h):
+            ctx.problem(f"video {f}x{w}x{h} has {pads} pads, expected {self.pads(f, w, h)}", "bad-embed")
         return {"type": "video", "frames": f, "width": w, "height": h}
 
     def strategy(self) -> SearchStrategy[dict[str, Any]]:
@@ -87,6 +106,10 @@ class VideoExtension(ContentExtension):
             st.builds(lambda d, w, h: {"type": "video", "duration": d, "width": w, "height": h},
                       st.floats(0.1, 20.0), size, size),
         )
+
+
+def _digits(text: str) -> str:
+    return text if len(text) <= 24 else f"{text[:24]}… ({len(text):,} digits)"
 
 
 class VideoPlugin:

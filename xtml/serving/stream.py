@@ -4,33 +4,49 @@
 prompt and returns, for each token, the events it completes: channel starts
 and ends, text deltas (UTF-8 safe), tool calls and their arguments, and the
 end of the message with the whole message in the same shape as the batch
-parser. Work per token is constant: a dictionary lookup, a few bytes through
-an incremental UTF-8 decoder, and an event when there is something to say.
+parser.
 
-Lenient by default: nothing the model writes makes it raise. The final
-message is the batch parser's answer (:meth:`Template.parse` with
-``completion=True``) for the same ids, so streaming and batch cannot
-disagree; ``keep=False`` drops the ids as they stream, keeping memory bounded
-by the current element, and the final message then holds only the tool calls.
+It is the batch parser run incrementally, so that the two cannot disagree:
+ids are lexed as :meth:`Binding.lex` lexes them (a run of ordinary ids is one
+text lexeme, decoded as the batch decodes it), the lexemes go through
+:class:`~xtml.markup.parse.TreeBuilder` (the driver of ``build``) as they
+come, a closed call is read by the tools channel's own reader, and the end of
+the message reads the tree with :func:`~xtml.chat.parse.parse_completion`.
+The open elements say where text goes while it streams. Work per text token
+is a dictionary lookup and a few bytes through an incremental decoder; per
+marker, a step of the tree builder; at the end, a read of a tree that holds
+one node per text run and tag, so its cost follows the number of tags, not
+the length of the text.
+
+Lenient by default: nothing the model writes makes it raise.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
+import operator
+import re
+import weakref
+from codecs import utf_8_decode as _utf8
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import ParseError
-from ..markup.header import parse_header
-from ..markup.markers import CLOSE, END, OPEN, SEP
-from ..markup.nodes import Diagnostic
-
-if TYPE_CHECKING:
-    from ..template import Template, TokenizerLike
+from ..chat.dialect import Dialect
+from ..chat.parse import Reader, parse_completion
+from ..errors import ParseError, shown
+from ..markup.markers import CLOSE, END, OPEN, SEP, TEXT
+from ..markup.nodes import Diagnostic, Document, Element, Embed, Node, Text
+from ..markup.parse import Lexemes, TreeBuilder
+from ..plugins.channels import Tools
+from ..vocab.binding import Binding, _split_text_marks
+from ..vocab.vocabulary import Vocabulary
 
 __all__ = ["StreamEvent", "StreamParser"]
+
+# A run's text is gathered in pieces and joined into chunks of this many, so
+# that ending a long run joins a few chunks rather than one piece per token.
+_CHUNK = 1024
 
 
 @dataclass(slots=True)
@@ -51,7 +67,7 @@ class StreamEvent:
     text: str | None = None
     """For ``text`` and ``argument_delta``: the new characters."""
     index: int | None = None
-    """For tool-call events: the call's index (1-based)."""
+    """For tool-call events: the call's position in ``tool_calls`` (1-based)."""
     name: str | None = None
     """For ``tool_call_start``: the tool name."""
     key: str | None = None
@@ -70,278 +86,852 @@ class StreamEvent:
     """For ``message_start``: the role."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Sink:
+    """Where characters go: a channel's text or a call's argument."""
+
+    type: str
+    channel: str | None = None
+    index: int | None = None
+    key: str | None = None
+
+    def event(self, at: int, text: str) -> StreamEvent:
+        # Positional: this is made for every token of text.
+        return StreamEvent(self.type, at, self.channel, text, self.index, None, self.key)
+
+
+class _Open:
+    """An open element of the tree builder, as the stream reads it."""
+
+    __slots__ = ("calls", "embed", "frame", "index", "key", "role", "seen", "text")
+
+    def __init__(self, frame: Any) -> None:
+        self.frame = frame
+        """The builder's open element (``tag``, ``attrs``, ``children``, ``offset``)."""
+        self.seen = len(frame.children)
+        """How many of its children the stream has looked at."""
+        self.role = ""
+        """What it is to the message: ``message``, ``think``, ``response``,
+        ``tools``, ``call``, ``argument``, or nothing."""
+        self.text: _Sink | None = None
+        """Where its body text goes."""
+        self.embed: _Sink | None = None
+        """Where the text form of an embed in it goes (an embed in a response
+        is an image part, not text; in reasoning or an argument it is text)."""
+        self.index = 0
+        self.key: str | None = None
+        self.calls = 0
+
+
 class StreamParser:
-    """Parse a completion as it is generated.
+    """Parse a completion as it is generated, for a dialect and a tokenizer
+    binding (:meth:`xtml.Template.stream` makes one).
 
     ``thinking`` says which generation prompt the model continues (think or
-    response channel; default: the template's default mode).
+    response channel; default: the dialect's default mode). ``keep=False``
+    keeps no text of the think and response channels (memory is bounded by
+    the current text run); the final message then holds only the tool calls.
+    ``lenient=False`` raises :class:`ParseError` (with the token offset) at
+    the first error, as a strict batch parse does; a strict stream that
+    raised stays failed.
+
+    The text deltas of a channel add up to its text in the final message
+    (when that is text, not parts). With a tokenizer that is not byte-level
+    they are the tokenizer's own incremental decoding, completed at the end
+    of each run of text; a decoder that rewrites text it already gave
+    (WordPiece's clean-up of spaces before punctuation) can make them differ.
+    The final message is the batch parser's in every case.
     """
 
     def __init__(
         self,
-        template: Template,
-        tokenizer: TokenizerLike,
+        dialect: Dialect,
+        binding: Binding,
         *,
         thinking: bool | None = None,
         keep: bool = True,
         lenient: bool = True,
     ) -> None:
-        self.template = template
-        self.binding = template.bind(tokenizer)
-        d = template.dialect
-        self.names = d.names
+        d = dialect
+        self.dialect = d
+        self.binding = binding
+        self.names = n = d.names
         self.thinking = d.thinking_default if thinking is None else thinking
         self.keep = keep
         self.lenient = lenient
-        self._kinds = {i: k for i, (k, _) in self.binding.kind_of_id.items()}
-        self._marker_text = {i: s for i, (_, s) in self.binding.kind_of_id.items()}
-        self._bytes = self.binding.vocab.byte_table()
-        self._size = self.binding.vocab.size
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._stream: Any = None
-        if not self._bytes:
-            from tokenizers.decoders import DecodeStream
-
-            self._stream = DecodeStream(skip_special_tokens=False)
-        n = self.names
-        self._channels = {n["think"], n["response"], n["tools"]}
-        self._owned = frozenset(d.element_owner)
-        opened = d.prompt_tag(self.thinking)
-        self._stack: list[str] = [n["message"], *([opened] if opened else [])]
-        self._header: list[int] | None = None
-        self._header_kind = ""
-        self._header_at = 0
-        self._offset = 0
-        self._ids: list[int] = []
-        self._calls: list[dict[str, Any]] = []
-        self._call: dict[str, Any] | None = None
-        self._arg: tuple[str | None, str] | None = None
-        self._arg_text: list[str] = []
-        self._args: dict[str, Any] = {}
-        self._json: str | None = None
-        self._closed_message = False
-        self._done = False
         self.diagnostics: list[Diagnostic] = []
+        vocab = binding.vocab
+        self._vocab = vocab
+        self._kinds = {i: k for i, (k, _) in binding.kind_of_id.items()}
+        self._marker_text = {i: s for i, (_, s) in binding.kind_of_id.items()}
+        self._size = vocab.size
+        self._table = vocab.byte_table()
+        self._text_bytes = binding.text_table()
+        self._byte_ids = frozenset() if self._table else _byte_fallback_ids(vocab)
+        self._marks = binding.text_marks
+        self._channels = frozenset(d.channels())
+        self._order = {tag: k for k, tag in enumerate(d.channels())}
+        tools = next((x for x in d.channel_exts if x.name == "tools"), None)
+        # The built-in tools channel reads one call at a time, so a call is
+        # read as the batch reads it the moment it closes; another plugin's
+        # calls are given when the message ends.
+        self._tools = tools if isinstance(tools, Tools) else None
+        self._tools_path = f"{n['message']}/{n['tools']}"
+        self._tb = TreeBuilder(lenient=lenient)
+        self._view: list[_Open] = []
+        self._tail: deque[tuple[str, str]] = deque(maxlen=3)
+        self._diags_seen = 0
+        # Diagnostics of calls read as they closed: the reader at the end
+        # finds them again and they are not reported twice.
+        self._read = Counter[tuple[str, int, str]]()
+        # Calls closed while there was no per-call reader: ended at the end.
+        self._deferred: list[_Open] = []
+        self._message_tags: set[str] = set()
+        self._stray: Node | None = None
+        self._has_message = False
+        self._closed_message = False
+        self._offset = 0
+        self._started = False
+        self._done = False
+        self._refused = False
+        self._trailing = False
+        self._failed: ParseError | None = None
+        self._calls: list[dict[str, Any]] = []
+        self._reader = Reader(d, lenient)
+        # The run of text being read: where it started, its ids and text so
+        # far, whether it held invalid UTF-8, a tail that may start a
+        # placeholder, and where it goes.
+        self._run_at = -1
+        self._run_ids: list[int] = []
+        self._pieces: list[str] = []
+        self._chunks: list[str] = []
+        self._lossy = False
+        self._pend = b""
+        self._group: list[int] = []
+        self._hold = ""
+        self._stream: Any = None
+        self._sink: _Sink | None = None
+        # The sink while the current run can take feed's short path (a
+        # byte-level vocabulary, no placeholder spelled as text, the run
+        # started); None otherwise.
+        self._fast: _Sink | None = None
+        self._collect = True
+        self._blank = False
+        self._header = False
+        # The generation prompt opened the message (and its first channel):
+        # its lexemes start the tree, as the batch parser prepends them.
+        self._shift, lexemes = _prompt_lexemes(d, binding, self.thinking)
+        for k, t, o in lexemes:
+            self._push(k, t, o)
+        self._startup: list[StreamEvent] = []
+        self._tb.advance()
+        self._sync(0, self._startup, 0)
+        self._tb.drop_consumed()
+        self._new_run()
 
     # -- feeding -------------------------------------------------------------------
 
     def feed(self, token_id: int) -> list[StreamEvent]:
         """The events completed by one more generated token."""
+        sink = self._fast
+        if sink is not None:
+            # Most tokens: text of a run that streams, no bytes held back.
+            # What _feed does for them, in one call instead of five. The
+            # text table has None for marker ids and ends with the
+            # vocabulary; what is not an int goes the long way.
+            try:
+                b = self._text_bytes[token_id] if type(token_id) is int and token_id >= 0 else None
+            except IndexError:
+                b = None
+            if b is not None:
+                at = self._offset
+                self._offset = at + 1
+                s, used = _utf8(b, "replace", False)
+                if used < len(b):
+                    self._pend = b[used:]
+                    self._fast = None
+                if self._collect:
+                    self._run_ids.append(token_id)
+                    if s:
+                        pieces = self._pieces
+                        pieces.append(s)
+                        if len(pieces) >= _CHUNK:
+                            self._chunks.append("".join(pieces))
+                            pieces.clear()
+                if not s:
+                    return []
+                if "\ufffd" in s:
+                    self._lossy = True
+                if sink.index is None:
+                    # Channel text, by far the most common, has no index or
+                    # key, and the generated __init__ fills defaults faster
+                    # than it takes arguments.
+                    return [StreamEvent(sink.type, at, sink.channel, s)]
+                return [StreamEvent(sink.type, at, sink.channel, s, sink.index, None, sink.key)]
         out: list[StreamEvent] = []
-        self._feed(token_id, out)
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self._feed(token_id, out)
+        except ParseError as e:
+            self._failed = e
+            self._fast = None
+            raise
         return out
 
     def feed_many(self, ids: Iterable[int]) -> list[StreamEvent]:
         """The events completed by several tokens, in order."""
         out: list[StreamEvent] = []
-        for t in ids:
-            self._feed(t, out)
+        if self._failed is not None:
+            raise self._failed
+        try:
+            for t in ids:
+                self._feed(t, out)
+        except ParseError as e:
+            self._failed = e
+            self._fast = None
+            raise
         return out
 
     def close(self) -> list[StreamEvent]:
-        """End of the stream: the final message (and any repairs)."""
+        """End of the stream: the final message (and any repairs). Once
+        the message has ended, nothing."""
         out: list[StreamEvent] = []
-        if self._offset == 0:
-            out.append(StreamEvent("message_start", 0, role="assistant"))
-        if not self._done:
-            self._flush(out)
-            if self._header is not None:
-                self._diag(out, "truncated", self._header_at, "the stream ends inside a tag")
+        if self._failed is not None:
+            raise self._failed
+        if self._done:
+            return out
+        self._fast = None
+        try:
+            if not self._started:
+                self._start(out)
             self._finish(out, None)
+        except ParseError as e:
+            self._failed = e
+            self._fast = None
+            raise
         return out
 
-    def _feed(self, t: int, out: list[StreamEvent]) -> None:
+    def _start(self, out: list[StreamEvent]) -> None:
+        self._started = True
+        out.append(StreamEvent("message_start", 0, role="assistant"))
+        out += self._startup
+
+    def _feed(self, t: Any, out: list[StreamEvent]) -> None:
         at = self._offset
-        self._offset += 1
+        self._offset = at + 1
+        if not self._started:
+            self._start(out)
         if type(t) is not int or not 0 <= t < self._size:
-            if not self.lenient:
-                raise ParseError(f"{t!r} is not a token id of this tokenizer", offset=at)
-            self._diag(out, "bad-id", at, f"{t!r} is not a token id of this tokenizer")
-            return
+            t = self._checked(t, at, out)
+            if t is None:
+                return
         if self._done:
-            self._diag(out, "trailing-output", at, "output continues after the end of the message")
+            if not self._trailing:
+                self._trailing = True
+                self._diag(out, "trailing-output", at, "output continues after the end of the message")
             return
-        if self.keep:
-            self._ids.append(t)
-        if at == 0:
-            # The generation prompt opened the message and its first channel.
-            out.append(StreamEvent("message_start", at, role="assistant"))
-            if len(self._stack) > 1:
-                out.append(StreamEvent("channel_start", at, channel=self._stack[-1]))
         kind = self._kinds.get(t)
-        if self._header is not None:
-            if kind is None:
-                self._header.append(t)
-            elif kind == SEP:
-                self._tag(out, at)
-            else:
-                self._diag(out, "bad-tag", at, "a tag is interrupted by a marker")
-                self._header = None
-                self._marker(t, kind, at, out)
-            return
-        if kind is None:
-            self._text(t, at, out)
-        else:
+        if kind is not None:
             self._marker(t, kind, at, out)
-
-    def _marker(self, t: int, kind: str, at: int, out: list[StreamEvent]) -> None:
-        if kind == OPEN or kind == CLOSE:
-            self._flush(out)
-            self._header = []
-            self._header_kind = kind
-            self._header_at = at
-        elif kind == END:
-            self._flush(out)
-            self._finish(out, at)
-        elif kind == SEP:
-            self._diag(out, "stray-marker", at, "a separator outside any tag")
+            return
+        if self._run_at < 0:
+            if self._refused:
+                return
+            self._run_at = at
+        if self._sink is None:
+            # Not streamed (a tag header, an embed, text outside the
+            # message): decoded once, when the run ends.
+            self._run_ids.append(t)
+            return
+        collect = self._collect
+        if collect:
+            self._run_ids.append(t)
+        table = self._table
+        if table:
+            # Incremental UTF-8: the bytes of a character cut across tokens
+            # wait for the rest.
+            b = table[t]
+            if self._pend:
+                b = self._pend + b
+            s, used = _utf8(b, "replace", False)
+            self._pend = b[used:] if used < len(b) else b""
+            if not self._marks:
+                self._fast = None if self._pend else self._sink
+        elif t in self._byte_ids:
+            # A byte of a byte-fallback tokenizer: its decoder reads a run of
+            # them together (invalid UTF-8 replaces every byte of it), so the
+            # run goes to the decoder whole, when it ends.
+            self._group.append(t)
+            return
+        elif self._group:
+            self._group.append(t)
+            s = self._stream.step(self._vocab.tokenizer, self._group) or ""
+            self._group = []
         else:
-            # Embed markers (an image in output): passed on as their text.
-            self._emit_text(self._marker_text[t], at, out)
-
-    # -- text ------------------------------------------------------------------------
-
-    def _text(self, t: int, at: int, out: list[StreamEvent]) -> None:
-        if self._bytes:
-            s = self._decoder.decode(self._bytes[t])
+            s = self._stream.step(self._vocab.tokenizer, t) or ""
+        if not s:
+            return
+        if "\ufffd" in s:
+            self._lossy = True
+        if collect:
+            pieces = self._pieces
+            pieces.append(s)
+            if len(pieces) >= _CHUNK:
+                self._chunks.append("".join(pieces))
+                pieces.clear()
+        if self._marks:
+            self._split(s, at, out)
         else:
-            s = self._stream.step(self.binding.vocab.tokenizer, t) or ""
-        if s:
             self._emit_text(s, at, out)
 
-    def _flush(self, out: list[StreamEvent]) -> None:
-        """A marker ends the text run: emit what the decoder still holds."""
-        if self._bytes:
-            s = self._decoder.decode(b"", final=True)
-            self._decoder.reset()
-            if s:
-                self._emit_text(s, self._offset - 1, out)
+    def _checked(self, t: Any, at: int, out: list[StreamEvent]) -> int | None:
+        """An id as an int (integers of other types are ids too, as in batch
+        parses), or None, reported, for what is no id of the vocabulary."""
+        try:
+            i = operator.index(t)
+        except TypeError:
+            i = -1
+        if 0 <= i < self._size:
+            return i
+        if self._refused or self._done:
+            return None
+        # Batch parses refuse such input; the stream skips the id, as if it
+        # were not there.
+        self._diag(out, "bad-id", at, f"{shown(t)} is not a token id of this tokenizer")
+        return None
+
+    # -- text --------------------------------------------------------------------
+
+    def _new_run(self) -> None:
+        self._new_run_ids()
+        self._route()
+
+    def _route(self) -> None:
+        """Where the next run of text goes, from the open elements."""
+        tb = self._tb
+        self._sink = None
+        self._collect = True
+        self._blank = False
+        self._header = bool(self._tail) and self._tail[-1][0] in (OPEN, CLOSE)
+        if self._done or self._refused or tb.next < len(tb.lexemes.kinds) or not self._view:
+            return
+        sink = self._view[-1].text
+        if sink is None:
+            return
+        self._sink = sink
+        # Without keep, a channel's text goes out and is not kept (what
+        # else the tree needs of it: placeholders spelled as text).
+        self._blank = not self.keep and sink.type == "text"
+        self._collect = not self._blank or bool(self._marks) or not self._table
+        if not self._table:
+            from tokenizers.decoders import DecodeStream
+
+            self._stream = DecodeStream(skip_special_tokens=False)
 
     def _emit_text(self, s: str, at: int, out: list[StreamEvent]) -> None:
-        if self._arg is not None:
-            if self._call is not None:
-                self._arg_text.append(s)
-            out.append(StreamEvent("argument_delta", at, text=s, index=self._call_index(), key=self._arg[0]))
-            return
-        top = self._stack[-1] if self._stack else None
-        if top in self._owned:
-            # Text of a plugin's element (a citation, say) is text of the
-            # channel it stands in; the final message has it as a part.
-            top = next((t for t in reversed(self._stack) if t not in self._owned), None)
-        if top in self._channels and top != self.names["tools"]:
-            out.append(StreamEvent("text", at, channel=top, text=s))
-        elif not s.isspace():
-            self._diag(out, "stray-content", at, f"text outside a channel: {s[:40]!r}")
+        """Characters of the current run, to where it goes."""
+        out.append(self._sink.event(at, s))  # type: ignore[union-attr]
 
-    def _call_index(self) -> int | None:
-        return None if self._call is None else int(self._call["index"])
-
-    # -- tags ------------------------------------------------------------------------
-
-    def _tag(self, out: list[StreamEvent], at: int) -> None:
-        assert self._header is not None
-        ids, self._header = self._header, None
-        hdr = parse_header(self.binding.vocab.decode(ids)) if ids else None
-        if hdr is None:
-            self._diag(out, "bad-header", self._header_at, "a malformed tag")
-            return
-        tag, attrs = hdr
-        a = dict(attrs)
-        n = self.names
-        if self._header_kind == OPEN:
-            self._stack.append(tag)
-            if tag in self._channels:
-                out.append(StreamEvent("channel_start", at, channel=tag))
-            elif tag == n["call"]:
-                idx = a.get(n["index"], "")
-                self._call = {"index": int(idx) if idx.isdigit() else len(self._calls) + 1,
-                              "name": a.get(n["tool"], "")}
-                self._args = {}
-                self._json = None
-                out.append(StreamEvent("tool_call_start", at, index=self._call["index"], name=self._call["name"]))
-            elif tag in (n["argument"], n["json"]):
-                key = a.get(n["key"]) if tag == n["argument"] else None
-                vtype = a.get(n["type"], "string") if tag == n["argument"] else "json"
-                self._arg = (key, vtype)
-                self._arg_text = []
-                out.append(StreamEvent("argument_start", at, index=self._call_index(), key=key, value_type=vtype))
-            return
-        # A close tag: it must close the innermost element, or (leniently) one
-        # further out, closing what is inside it.
-        if tag not in self._stack:
-            self._diag(out, "stray-close", self._header_at, f"close tag {tag!r} has no open element")
-            return
-        while self._stack:
-            inner = self._stack.pop()
-            if inner != tag:
-                self._diag(out, "unclosed", self._header_at, f"element {inner!r} was never closed")
-            self._closed(inner, at, out)
-            if inner == tag:
+    def _split(self, s: str, at: int, out: list[StreamEvent]) -> None:
+        """Text with placeholders that the vocabulary spells as text: each is
+        an embed, found in the text as the batch lexer finds it; a tail that
+        may begin one is held until it is known."""
+        buf = self._hold + s
+        marks = self._marks
+        while True:
+            hits = [(buf.find(m), m) for m in marks if m in buf]
+            if not hits:
                 break
+            pos, m = min(hits)
+            if pos:
+                self._emit_text(buf[:pos], at, out)
+            embed = self._view[-1].embed if self._view else None
+            if embed is not None:
+                out.append(embed.event(at, m))
+            buf = buf[pos + len(m) :]
+        cut = len(buf)
+        for c in {m[0] for m in marks}:
+            p = buf.find(c, max(0, len(buf) - max(map(len, marks)) + 1))
+            while 0 <= p < cut:
+                if any(m.startswith(buf[p:]) for m in marks):
+                    cut = p
+                    break
+                p = buf.find(c, p + 1)
+        self._hold = buf[cut:]
+        if cut:
+            self._emit_text(buf[:cut], at, out)
 
-    def _closed(self, tag: str, at: int, out: list[StreamEvent]) -> None:
+    def _end_run(self, at: int, out: list[StreamEvent]) -> int:
+        """A marker (or the end) ends the run of text: its lexemes, decoded
+        as the batch decodes the run, go to the tree builder. Returns how
+        many there are."""
+        if self._run_at < 0:
+            return 0
+        sink = self._sink
+        text = ""
+        if sink is None:
+            text = self._vocab.decode_batch([self._run_ids])[0]
+        elif self._table:
+            tail = _utf8(self._pend, "replace", True)[0] if self._pend else ""
+            self._pend = b""
+            if tail:
+                self._lossy = True
+                self._pieces.append(tail)
+                self._stream_text(tail, at, out)
+            if self._collect:
+                text = "".join([*self._chunks, *self._pieces])
+                if self._lossy:
+                    # Invalid UTF-8: the vocabulary's own replacement rules.
+                    text = self._settle(text, at, out)
+        else:
+            if self._group:
+                s = self._stream.step(self._vocab.tokenizer, self._group) or ""
+                self._group = []
+                if s:
+                    self._pieces.append(s)
+                    self._stream_text(s, at, out)
+            # Incremental decoding is the tokenizer's own guess; the run
+            # decoded whole is the batch's text, and what is missing of it
+            # is sent now.
+            text = self._settle("".join([*self._chunks, *self._pieces]), at, out)
+        if self._hold:
+            self._emit_text(self._hold, at, out)
+        off = self._shift + self._run_at
+        if self._marks and not self._header:
+            lx = _split_text_marks(Lexemes([TEXT], [text], [off]), self._marks)
+            pieces = list(zip(lx.kinds, lx.texts))
+        else:
+            pieces = [(TEXT, text)]
+        for k, t in pieces:
+            self._push(k, "" if self._blank and k == TEXT else t, off)
+        return len(pieces)
+
+    def _stream_text(self, s: str, at: int, out: list[StreamEvent]) -> None:
+        if self._marks:
+            self._split(s, at, out)
+        else:
+            self._emit_text(s, at, out)
+
+    def _settle(self, sent: str, at: int, out: list[StreamEvent]) -> str:
+        exact = self._vocab.decode_batch([self._run_ids])[0]
+        if exact != sent and exact.startswith(sent):
+            self._stream_text(exact[len(sent) :], at, out)
+        return exact
+
+    def _new_run_ids(self) -> None:
+        self._run_at = -1
+        self._fast = None
+        self._run_ids = []
+        self._pieces = []
+        self._chunks = []
+        self._lossy = False
+        self._pend = b""
+        self._group = []
+        self._hold = ""
+
+    # -- markers and the tree ----------------------------------------------------------
+
+    def _push(self, kind: str, text: str, offset: int) -> None:
+        lx = self._tb.lexemes
+        lx.kinds.append(kind)
+        lx.texts.append(text)
+        lx.offsets.append(offset)
+        self._tail.append((kind, text))
+
+    def _marker(self, t: int, kind: str, at: int, out: list[StreamEvent]) -> None:
+        # The run ends here; the next one is routed before it may stream.
+        self._fast = None
+        if self._refused:
+            if kind == END:
+                self._finish(out, at)
+            return
+        idle = self._idle()
+        run = self._end_run(at, out)
+        self._push(kind, self._marker_text[t], self._shift + at)
+        if idle and not run and (kind == OPEN or kind == CLOSE):
+            # Nothing to decide before the tag's header and separator come.
+            self._new_run()
+            return
+        self._step(at, out, run if idle else 0)
+        if kind == END and not self._refused:
+            self._finish(out, at)
+        else:
+            self._new_run()
+
+    def _idle(self) -> bool:
+        """Whether the builder has consumed every lexeme (so the next text
+        becomes nodes of the innermost open element)."""
+        return self._tb.next == len(self._tb.lexemes.kinds)
+
+    def _step(self, at: int, out: list[StreamEvent], run: int) -> None:
+        """Advance the tree builder and say what changed; the first ``run``
+        nodes it adds are the text just streamed."""
+        tb = self._tb
+        try:
+            tb.advance()
+        except ParseError as e:
+            self._refuse(e, out)
+            return
+        self._sync(at, out, run)
+        if tb.next == len(tb.lexemes.kinds):
+            tb.drop_consumed()
+
+    def _refuse(self, e: ParseError, out: list[StreamEvent]) -> None:
+        """The builder refused the input (nesting past the limit, or any
+        error in a strict stream)."""
+        if not self.lenient:
+            raise _relocated(e, self._shift)
+        self._refused = True
+        self._diag(out, "too-deep", max(0, e.offset - self._shift), e.msg)
+
+    def _sync(self, at: int, out: list[StreamEvent], run: int) -> None:
+        """Events for what the last advance of the builder did: nodes added
+        to the innermost open element (the first ``run`` of them, the text
+        just streamed), elements closed, an element opened."""
+        view = self._view
+        stack = self._tb.stack
+        self._added(at, out, run)
+        # Elements open and close at the top of the stack only: the two agree
+        # below the first place from the top where they differ.
+        p = min(len(view), len(stack))
+        while p and view[p - 1].frame is not stack[p - 1]:
+            p -= 1
+        if p == len(view) == len(stack):
+            self._report(out)
+            return
+        while len(view) > p:
+            self._closed(view.pop(), at, out)
+            if view:
+                view[-1].seen = len(view[-1].frame.children)
+        for frame in stack[len(view) :]:
+            self._opened(frame, at, out)
+        self._report(out)
+
+    def _added(self, at: int, out: list[StreamEvent], run: int) -> None:
+        """Nodes added to the innermost open element (elements aside: they
+        are closed ones, reported as such)."""
+        if not self._view:
+            return
+        inner = self._view[-1]
+        children = inner.frame.children
+        for k in range(inner.seen, len(children)):
+            node = children[k]
+            if type(node) is Element:
+                continue
+            if inner.role in ("message", "hoisted"):
+                self._stray_candidate(node)
+            elif run <= 0:
+                self._node(inner, node, at, out)
+            run -= 1
+        inner.seen = len(children)
+
+    def _node(self, o: _Open, node: Node, at: int, out: list[StreamEvent]) -> None:
+        """A node that was not streamed as text: a marker read as text (a
+        stray separator) or an embed."""
+        if type(node) is Text:
+            sink, s = o.text, node.text
+        elif type(node) is Embed:
+            sink, s = o.embed, node.raw
+        else:
+            return
+        if sink is not None and s:
+            out.append(sink.event(at, s))
+
+    def _stray_candidate(self, node: Node) -> None:
+        # The batch reader takes the first non-blank text or embed right in
+        # the message as its content when there is no response channel.
+        if self._stray is None and (type(node) is Embed or (type(node) is Text and node.text.strip())):
+            self._stray = node
+
+    def _opened(self, frame: Any, at: int, out: list[StreamEvent]) -> None:
+        view = self._view
+        parent = view[-1] if view else None
+        o = _Open(frame)
+        view.append(o)
         n = self.names
-        if tag in self._channels:
-            out.append(StreamEvent("channel_end", at, channel=tag))
-        elif tag in (n["argument"], n["json"]) and self._arg is not None:
-            key, vtype = self._arg
-            text = "".join(self._arg_text)
-            if key is None:
-                self._json = text
+        tag = frame.tag
+        if parent is None:
+            if not self._has_message:
+                # The prompt's message; any later top-level element is
+                # output after it, which the batch reader does not read.
+                self._has_message = True
+                o.role = "message"
+            return
+        role = parent.role
+        if role in ("think", "response") and self._order.get(tag, -1) > self._order[parent.frame.tag]:
+            # A later channel inside an earlier one that was not closed
+            # first: the batch reader takes it out to the message's level,
+            # and so does the stream; the earlier channel ends here.
+            out.append(StreamEvent("channel_end", at, channel=parent.frame.tag))
+            parent.role = "hoisted"
+            parent.text = parent.embed = None
+            role = "message"
+        elif role == "hoisted":
+            role = "message"
+        if role == "message":
+            if tag in self._message_tags:
+                return  # a channel again: the batch reads only the first
+            self._message_tags.add(tag)
+            if tag not in self._channels:
+                return
+            if tag == n["think"]:
+                o.role = "think"
+                o.text = o.embed = _Sink("text", channel=tag)
+            elif tag == n["response"]:
+                o.role = "response"
+                o.text = _Sink("text", channel=tag)
+            elif tag == n["tools"]:
+                o.role = "tools"
             else:
-                self._args[key] = _typed(text, vtype)
-            self._arg = None
-            self._arg_text = []
-            out.append(StreamEvent("argument_end", at, index=self._call_index(), key=key))
-        elif tag == n["call"] and self._call is not None:
-            arguments = self._json if self._json is not None else json.dumps(self._args, ensure_ascii=False)
-            call = {"id": f"call_0_{self._call['index']}", "type": "function",
-                    "function": {"name": self._call["name"], "arguments": arguments}}
+                return
+            out.append(StreamEvent("channel_start", at, channel=tag))
+        elif role == "tools":
+            if tag == n["call"]:
+                parent.calls += 1
+                o.role = "call"
+                o.index = parent.calls
+                name = dict(frame.attrs).get(n["tool"], "")
+                out.append(StreamEvent("tool_call_start", at, index=o.index, name=name))
+        elif role == "call":
+            if tag in (n["argument"], n["json"]):
+                a = dict(frame.attrs)
+                o.role = "argument"
+                o.index = parent.index
+                o.key = a.get(n["key"]) if tag == n["argument"] else None
+                vtype = a.get(n["type"], "string") if tag == n["argument"] else "json"
+                o.text = o.embed = _Sink("argument_delta", index=o.index, key=o.key)
+                out.append(StreamEvent("argument_start", at, index=o.index, key=o.key, value_type=vtype))
+        else:
+            # Inside a channel or an argument, nested elements are read as
+            # their text (embeds included); anywhere else, not at all.
+            o.text = o.embed = parent.text
+
+    def _closed(self, o: _Open, at: int, out: list[StreamEvent]) -> None:
+        role = o.role
+        if role == "argument":
+            out.append(StreamEvent("argument_end", at, index=o.index, key=o.key))
+        elif role == "call":
+            parent = self._view[-1]
+            el = parent.frame.children[-1]
+            assert type(el) is Element and el.offset == o.frame.offset
+            if self._tools is None:
+                self._deferred.append(o)
+                return
+            call = self._read_call(el, o.index)
             self._calls.append(call)
-            self._call = None
-            out.append(StreamEvent("tool_call_end", at, index=len(self._calls), call=call))
-        elif tag == n["message"]:
-            self._closed_message = True
+            out.append(StreamEvent("tool_call_end", at, index=o.index, call=call))
+            self._report_read(out)
+        elif role in ("think", "response", "tools"):
+            out.append(StreamEvent("channel_end", at, channel=o.frame.tag))
+        elif role == "message":
+            self._closed_message = self._tail[-1][0] != END
 
-    # -- the end -----------------------------------------------------------------------
+    def _read_call(self, el: Element, k: int) -> dict[str, Any]:
+        assert self._tools is not None
+        self._reader = Reader(self.dialect, self.lenient)
+        try:
+            return self._tools._read_call(el, 0, k, self._tools_path, self._reader)
+        except ParseError as e:
+            raise _relocated(e, self._shift) from None
 
-    def _finish(self, out: list[StreamEvent], at: int | None) -> None:
-        self._done = True
-        cut = not self._closed_message
-        if at is not None and cut:
-            self._diag(out, "early-end", at, "end of message before the message was closed")
-        elif at is None and cut:
-            self._diag(out, "truncated", self._offset, "the stream ends before the message is closed")
-        message: dict[str, Any] | None = None
-        if self.keep:
-            try:
-                message = self.template.parse(self._ids, self.binding.vocab, completion=True, lenient=True,
-                                              thinking=self.thinking)
-                message.pop("diagnostics", None)
-            except ParseError as e:
-                # Only resource limits (nesting) make even a lenient parse
-                # refuse; the stream reports it and keeps what it streamed.
-                self._diag(out, "too-deep", e.offset, e.msg)
-        if message is None:
-            message = {"role": "assistant"}
-            if self._calls:
-                message["tool_calls"] = list(self._calls)
-        reason = "length" if cut and at is None else ("tool_calls" if self._calls else "stop")
-        out.append(StreamEvent("message_end", self._offset - 1 if at is None else at, message=message,
-                               stop_reason=reason))
+    # -- diagnostics ---------------------------------------------------------------------
+
+    def _report(self, out: list[StreamEvent]) -> None:
+        """The builder's new repairs."""
+        found = self._tb.diagnostics
+        for x in found[self._diags_seen :]:
+            self._record(out, Diagnostic(x.kind, max(0, x.offset - self._shift), x.message))
+        self._diags_seen = len(found)
+
+    def _report_read(self, out: list[StreamEvent]) -> None:
+        for x in self._reader.diags:
+            d = Diagnostic(x.kind, max(0, x.offset - self._shift), x.message)
+            self._read[(d.kind, d.offset, d.message)] += 1
+            self._record(out, d)
 
     def _diag(self, out: list[StreamEvent], kind: str, at: int, msg: str) -> None:
         if not self.lenient:
             raise ParseError(msg, offset=at)
-        d = Diagnostic(kind, at, msg)
+        self._record(out, Diagnostic(kind, at, msg))
+
+    def _record(self, out: list[StreamEvent], d: Diagnostic) -> None:
         self.diagnostics.append(d)
-        out.append(StreamEvent("diagnostic", at, diagnostic=d.as_dict()))
+        out.append(StreamEvent("diagnostic", d.offset, diagnostic=d.as_dict()))
+
+    # -- the end -----------------------------------------------------------------------
+
+    def _finish(self, out: list[StreamEvent], at: int | None) -> None:
+        """The end marker (at ``at``) or the end of the stream: what is still
+        open ends, and the message is read as the batch reads it."""
+        end_at = self._offset - 1 if at is None else at
+        message: dict[str, Any]
+        if not self._refused:
+            tb = self._tb
+            if at is None:
+                idle = self._idle()
+                run = self._end_run(max(0, end_at), out)
+                self._step(max(0, end_at), out, run if idle else 0)
+            if not self._refused:
+                if at is None:
+                    self._end_if_closed()
+                open_ = list(reversed(self._view))
+                tb.lexemes.end = self._shift + self._offset
+                try:
+                    doc = tb.finish()
+                    found, diags = self._read_message(doc, out)
+                except ParseError as e:
+                    if not self.lenient:
+                        raise _relocated(e, self._shift) from None
+                    self._refuse(e, out)
+                else:
+                    self._added(end_at, out, 0)
+                    self._report(out)
+                    calls = found.get("tool_calls", [])
+                    for o in self._deferred:
+                        self._end_call(o, calls, end_at, out)
+                    for o in open_:
+                        if o.role == "call":
+                            self._end_call(o, calls, end_at, out)
+                        elif o.role != "message":
+                            self._closed(o, end_at, out)
+                    self._view.clear()
+                    for x in diags:
+                        self._record(out, x)
+                    stray = self._stray
+                    if (type(stray) is Text and self.names["response"] not in self._message_tags
+                            and self.names["response"] in self._channels):
+                        out.append(StreamEvent("text", end_at, channel=self.names["response"], text=stray.text))
+                    if self.keep:
+                        message = found
+                    else:
+                        message = {"role": "assistant", **({"tool_calls": calls} if calls else {})}
+                    self._calls = list(calls)
+        self._done = True
+        if self._refused:
+            message = {"role": "assistant", **({"tool_calls": list(self._calls)} if self._calls else {})}
+        cut = at is None and not self._closed_message
+        reason = "length" if cut else ("tool_calls" if message.get("tool_calls") else "stop")
+        out.append(StreamEvent("message_end", max(0, end_at), message=message, stop_reason=reason))
+
+    def _read_message(self, doc: Document, out: list[StreamEvent]) -> tuple[dict[str, Any], list[Diagnostic]]:
+        """The batch reader's message for the tree, and its diagnostics that
+        were not reported yet.
+
+        Calls read as they closed are not read again: the first tools
+        channel is read without them and they are put back as they were read
+        (by the same reader), so that the end of a message with a thousand
+        calls does not cost a thousand reads. The rest is
+        :func:`parse_completion`, step by step."""
+        if self._tools is None or not self._calls or self._tools_at(doc) is None:
+            found, diags = parse_completion(self.dialect, doc, thinking=self.thinking, lenient=self.lenient,
+                                            shift=self._shift)
+            read = self._read
+            fresh: list[Diagnostic] = []
+            for x in diags[len(doc.diagnostics) :]:
+                key = (x.kind, x.offset, x.message)
+                if read[key]:
+                    read[key] -= 1
+                else:
+                    fresh.append(x)
+            return found, fresh
+        lighter, calls = self._without_calls(doc, out)
+        r = Reader(self.dialect, self.lenient)
+        msg = r.completion(lighter, self.thinking, any(x.kind == "truncated" for x in doc.diagnostics))
+        if calls:
+            msg["tool_calls"] = calls
+        r.finish(msg)
+        return msg, [Diagnostic(x.kind, max(0, x.offset - self._shift), x.message) for x in r.diags]
+
+    def _without_calls(self, doc: Document, out: list[StreamEvent]) -> tuple[Document, list[dict[str, Any]]]:
+        """The tree with the calls of the message's first tools channel taken
+        out, and those calls as the tools channel reads them."""
+        n = self.names
+        nodes = doc.nodes
+        mi = next(i for i, x in enumerate(nodes) if type(x) is Element)
+        m = nodes[mi]
+        assert type(m) is Element
+        ti = self._tools_at(doc)
+        assert ti is not None
+        tools = m.children[ti]
+        assert type(tools) is Element
+        calls: list[dict[str, Any]] = []
+        rest: list[Node] = []
+        for c in tools.children:
+            if type(c) is Element and c.tag == n["call"]:
+                k = len(calls) + 1
+                if k <= len(self._calls):
+                    calls.append(self._calls[k - 1])
+                else:  # still open when the message ended
+                    calls.append(self._read_call(c, k))
+                    self._report_read(out)
+            else:
+                rest.append(c)
+        bare = Element(tools.tag, tools.attrs, tuple(rest), tools.closed, tools.offset)
+        m = Element(m.tag, m.attrs, (*m.children[:ti], bare, *m.children[ti + 1 :]), m.closed, m.offset)
+        return Document((*nodes[:mi], m, *nodes[mi + 1 :]), doc.diagnostics), calls
+
+    def _tools_at(self, doc: Document) -> int | None:
+        """Where the message's first tools channel stands among its children,
+        or None when it is not right in the message (a channel written
+        inside another, which the reader takes out itself)."""
+        m = next((x for x in doc.nodes if type(x) is Element), None)
+        if m is None:
+            return None
+        tag = self.names["tools"]
+        return next((i for i, c in enumerate(m.children) if type(c) is Element and c.tag == tag), None)
+
+    def _end_call(self, o: _Open, calls: list[dict[str, Any]], at: int, out: list[StreamEvent]) -> None:
+        if 0 < o.index <= len(calls):
+            out.append(StreamEvent("tool_call_end", at, index=o.index, call=calls[o.index - 1]))
+
+    def _end_if_closed(self) -> None:
+        """As the batch parser does: a completion may stop right before the
+        stop token (engines strip it), so the end marker is supplied after a
+        closed message."""
+        tail = list(self._tail)
+        if [k for k, _ in tail] == [CLOSE, TEXT, SEP] and tail[1][1] == self.names["message"]:
+            self._push(END, "", self._shift + self._offset)
 
 
-def _typed(text: str, vtype: str) -> Any:
-    if vtype == "string":
-        return text
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return text
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_byte_ids: weakref.WeakKeyDictionary[Vocabulary, frozenset[int]] = weakref.WeakKeyDictionary()
+
+
+def _byte_fallback_ids(vocab: Vocabulary) -> frozenset[int]:
+    """The ids of byte tokens (``<0xE6>``) of a byte-fallback vocabulary
+    (found once per vocabulary)."""
+    found = _byte_ids.get(vocab)
+    if found is None:
+        tok = vocab.tokenizer
+        get_vocab = getattr(tok, "get_vocab", None)
+        pairs = get_vocab(with_added_tokens=False).items() if callable(get_vocab) else ()
+        found = _byte_ids[vocab] = frozenset(i for s, i in pairs if _BYTE_TOKEN.fullmatch(s))
+    return found
+
+
+_Prompt = tuple[int, tuple[tuple[str, str, int], ...]]
+_prompts: weakref.WeakKeyDictionary[Binding, dict[tuple[str, str, str], _Prompt]] = weakref.WeakKeyDictionary()
+
+
+def _prompt_lexemes(d: Dialect, binding: Binding, thinking: bool) -> _Prompt:
+    """The length in ids and the lexemes of the generation prompt: the
+    assistant message and the channel it opens, both left open (made once
+    per binding and mode: a server starts a stream per request)."""
+    cache = _prompts.setdefault(binding, {})
+    n = d.names
+    key = (n["message"], n["role"], d.prompt_tag(thinking))
+    hit = cache.get(key)
+    if hit is None:
+        tag = key[2]
+        channel = (Element(tag, (), (), closed=False),) if tag else ()
+        ids = binding.encode([Element(n["message"], ((n["role"], "assistant"),), channel, closed=False)])
+        lx = binding.lex(ids)
+        hit = cache[key] = (len(ids), tuple(zip(lx.kinds, lx.texts, lx.offsets)))
+    return hit
+
+
+def _relocated(e: ParseError, shift: int) -> ParseError:
+    """Offsets from the start of the completion, not of the generation
+    prompt the parser starts with."""
+    return ParseError(e.msg, offset=max(0, e.offset - shift), path=e.path)

@@ -217,7 +217,9 @@ def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str,
                tokenizer: str | Path | None) -> tuple[list[Finding], int]:
     from ..template import Template
     from ..vocab.vocabulary import byte_vocabulary
-    from . import strategies as testing
+    from .checks import check_round_trip
+    from .runner import find_failure
+    from .strategies import requests
 
     t = Template(d)
     # Token ids carry no text-level ambiguity, so the self-test always runs
@@ -225,8 +227,7 @@ def _self_test(d: Dialect, vocab: Any, examples: int, seed: int, file: str,
     via = f"token ids of {vocab.source}" if vocab is not None else "token ids of a byte-level vocabulary"
     if vocab is None:
         vocab = byte_vocabulary(d.markers.all())
-    outcome = testing.find_failure(testing.requests(t), lambda r: testing.check_round_trip(t, r, vocab),
-                                   examples=examples, seed=seed)
+    outcome = find_failure(requests(t), lambda r: check_round_trip(t, r, vocab), examples=examples, seed=seed)
     if outcome.failure is None:
         return [], outcome.examples
     f = outcome.failure

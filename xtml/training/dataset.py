@@ -32,10 +32,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import IO, Any, TextIO, cast
+from typing import IO, Any, Protocol, TextIO, cast
 
 from ..chat.dialect import load_dialect
 from ..errors import XtmlError
+from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
 from .masks import encode_example, overruns
@@ -173,11 +174,11 @@ def _init(job: Job, quiet_threads: bool) -> None:
 
 def _request(raw: bytes) -> Any:
     try:
-        row = json.loads(raw)
+        row = input_json(raw)
     except UnicodeDecodeError:
         raise RowError("the line is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise RowError(f"invalid JSON: {e.msg} (at column {e.colno})") from None
+    except BadInput as e:
+        raise RowError(str(e)) from None
     if isinstance(row, list):
         return with_training_defaults(row)
     if not isinstance(row, dict):
@@ -442,7 +443,7 @@ class ParquetSink:
     :meth:`close` waits for the writes and raises the first error the writer
     met; a failed write also stops the next call."""
 
-    def __init__(self, path: str, labels: bool, index: str = "line") -> None:
+    def __init__(self, path: str, labels: bool, index: str = "line", *, name: str | None = None) -> None:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -450,6 +451,8 @@ class ParquetSink:
             raise DatasetError("render-dataset needs pyarrow: pip install 'xtml[data]'") from None
         self.pa = pa
         self.path = path
+        self.name = name or path
+        """The file as errors name it (``path`` may be a temporary file)."""
         self.labels = labels
         fields = [(index, pa.int64()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]
         if labels:
@@ -463,7 +466,7 @@ class ParquetSink:
             self.writer = pq.ParquetWriter(path, self.schema, use_dictionary=False,
                                            write_statistics=[index, "length", "trained"])
         except OSError as e:
-            raise DatasetError(f"cannot write {path}: {e}") from None
+            raise DatasetError(f"cannot write {self.name}: {e}") from None
         self._tables: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._error: BaseException | None = None
         # Started on the first chunk: run_job forks its workers before any
@@ -506,7 +509,7 @@ class ParquetSink:
     def _raise(self) -> None:
         if self._error is not None:
             e = self._error
-            raise DatasetError(f"cannot write {self.path}: {e}") from e
+            raise DatasetError(f"cannot write {self.name}: {e}") from e
 
     def close(self) -> None:
         """Finish the writes and the file."""
@@ -551,21 +554,42 @@ class _Progress:
 # -- the commands ----------------------------------------------------------------
 
 
-def run(args: argparse.Namespace, out: TextIO) -> int:
+class OutputFile(Protocol):
+    """A file a dataset command writes (:class:`xtml.cli.output.Output`):
+    filled through a temporary file that :meth:`commit` moves over it, or,
+    for standard output or error, written to ``stream``."""
+
+    path: str
+
+    @property
+    def stream(self) -> TextIO | None: ...
+
+    def temporary(self) -> str: ...
+
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+def run(args: argparse.Namespace, out: TextIO, *, parquet: OutputFile | None = None,
+        errors: OutputFile | None = None) -> int:
     """Run a dataset command; returns the exit status. Raises
-    :class:`~xtml.errors.XtmlError` for input the command cannot use."""
-    _init(Job(args.template, args.tokenizer, args.add_markers), quiet_threads=False)  # fail fast, in one line
+    :class:`~xtml.errors.XtmlError` for input the command cannot use.
+    ``parquet`` (render-dataset) and ``errors`` (``--errors``) are where the
+    rows and the skipped rows go; each existing file is replaced only when
+    the run is complete, and left as it was otherwise."""
     render = args.command == "render-dataset"
+    if render and parquet is None:
+        raise ValueError("render-dataset needs a Parquet output")
+    _init(Job(args.template, args.tokenizer, args.add_markers), quiet_threads=False)  # fail fast, in one line
     job = Job(args.template, args.tokenizer, args.add_markers, train=args.train if render else None,
               ids=render, budgets=not render or args.check_budgets)
     source, opened = _open_input(args.file)
     sink: ParquetSink | None = None
-    tmp = ""
     progress: _Progress | None = None
     try:
-        if render:
-            tmp = f"{args.parquet}.partial"
-            sink = ParquetSink(tmp, args.labels, index=source.unit)
+        if parquet is not None:
+            sink = ParquetSink(parquet.temporary(), args.labels, index=source.unit, name=parquet.path)
         if sys.stderr.isatty():
             progress = _Progress(source.total())
         try:
@@ -576,19 +600,24 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         if sink is not None:
             sink.close()
             sink = None
-            os.replace(tmp, args.parquet)
+        # Both files complete before either replaces what was there.
+        if errors is not None:
+            _write_errors(errors, report)
+        if parquet is not None:
+            parquet.commit()
+        if errors is not None and errors.stream is None:
+            errors.commit()
     finally:
         if sink is not None:
             # Only reached with an error on its way out: the file is left
             # unfinished, and a second error must not hide the first.
             with contextlib.suppress(Exception):
                 sink.close()
-        if tmp and os.path.exists(tmp):
-            os.remove(tmp)
+        for f in (parquet, errors):
+            if f is not None:
+                f.discard()
         if opened is not None:
             opened.close()
-    if args.errors_file:
-        _write_errors(args.errors_file, report)
     if getattr(args, "format", "text") == "json":
         out.write(json.dumps(report.as_dict(), ensure_ascii=False, indent=2) + "\n")
     else:
@@ -633,17 +662,30 @@ def _size(f: IO[bytes]) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def _write_errors(path: str, r: Report) -> None:
+def _write_errors(dest: OutputFile, r: Report) -> None:
+    """Every skipped row and overrun, a JSON line each, to ``dest``'s stream
+    or to its temporary file (committed by the caller)."""
+    stream = dest.stream
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with contextlib.ExitStack() as stack:
+            f = stream if stream is not None else stack.enter_context(
+                open(dest.temporary(), "w", encoding="utf-8"))
             for line, err in r.skipped:
-                f.write(json.dumps({r.unit: line, "error": err}, ensure_ascii=False) + "\n")
+                f.write(_json_line({r.unit: line, "error": err}))
             for line, m, e, t, b in r.overruns:
-                f.write(json.dumps({r.unit: line, "error": f"message {m}: think channel of {t} tokens is over the "
-                                    f"{e} budget of {b}", "message": m, "effort": e, "tokens": t,
-                                    "budget": b}) + "\n")
+                f.write(_json_line({r.unit: line, "error": f"message {m}: think channel of {t} tokens is over the "
+                                    f"{e} budget of {b}", "message": m, "effort": e, "tokens": t, "budget": b}))
     except OSError as e:
-        raise DatasetError(f"cannot write {path}: {e.strerror or e}") from None
+        raise DatasetError(f"cannot write {dest.path}: {e.strerror or e}") from None
+
+
+def _json_line(obj: Any) -> str:
+    s = json.dumps(obj, ensure_ascii=False)
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from the input, quoted in a reason: escaped, it can be written
+        s = json.dumps(obj)
+    return s + "\n"
 
 
 def _write_report(out: TextIO, r: Report, render: bool, budgets: bool, args: argparse.Namespace) -> None:

@@ -205,6 +205,11 @@ def encode_example(d: Dialect, binding: Binding, request: Any, *, train: Train =
     """:func:`encode_training` for a dialect and a binding already at hand."""
     rules = train if isinstance(train, Training) else d.training
     o, msgs = prepare(d, request, options or {})
+    if o.continue_final:
+        # A training example is whole messages with the loss on what the
+        # model wrote; a message left open has no end to learn.
+        raise OptionError("continue_final_message leaves the last message open, which a training example cannot "
+                          "be: train on the whole message instead", option="continue_final_message")
     sets = _SETS.get(id(rules))
     if sets is None or sets[0] is not rules or sets[1] is not d:
         if len(_SETS) >= 64:
@@ -322,7 +327,7 @@ class _Top:
 
 
 class _SpanSink(IdSink):
-    """An :class:`~xtml.tokenizer.IdSink` (the same ids) that also notes
+    """An :class:`~xtml.vocab.IdSink` (the same ids) that also notes
     where top-level elements, their channels and excluded elements lie,
     without building the tree; offsets are summed once the batch is encoded."""
 

@@ -3,7 +3,6 @@ map function for Hugging Face ``datasets`` and Ray Data."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +11,7 @@ from typing import Any
 from ..chat.dialect import Dialect, Training, load_dialect
 from ..chat.request import OPTION_NAMES
 from ..errors import XtmlError
+from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
 from ..vocab.vocabulary import Vocabulary
@@ -83,11 +83,11 @@ class RowError(XtmlError):
 def _json_text(v: Any, column: str, conv: Callable[[Any], Any]) -> Any:
     if isinstance(v, str | bytes):
         try:
-            return json.loads(v)
-        except json.JSONDecodeError as e:
-            raise RowError(f"column {column!r} holds invalid JSON: {e.msg} (at column {e.colno})") from None
-        except RecursionError:
-            raise RowError(f"column {column!r} holds JSON nested too deeply") from None
+            return input_json(v)
+        except UnicodeDecodeError:
+            raise RowError(f"column {column!r} is not UTF-8 text") from None
+        except BadInput as e:
+            raise RowError(f"column {column!r}: {e}") from None
     return conv(v)
 
 

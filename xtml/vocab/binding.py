@@ -7,14 +7,17 @@ lexes ids back into markup. :class:`IdSink` takes markup events and gives ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import NoReturn
 
-from ..errors import ParseError, TokenizerError
+from ..errors import ParseError, TokenizerError, shown
+from ..markup.collector import collector_paused
 from ..markup.header import CACHEABLE
 from ..markup.markers import CLOSE, EMBED_MARK, OPEN, TEXT, Markers
 from ..markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from ..markup.parse import Lexemes, build, build_ids_fast, lex_ids
+from ..markup.parse import Lexemes, build, build_ids_fast, ids_as_text, lex_ids
 from ..markup.segments import Segment, close_tag, open_tag
 from .vocabulary import Vocabulary
 
@@ -23,6 +26,13 @@ __all__ = ["Binding", "IdSink", "join_ids"]
 # Constant pieces (headers, template prose) are cached per binding; the cap
 # keeps a long-running server's memory bounded whatever its traffic.
 _CACHE_LIMIT = 65536
+
+# Characters of body text a sink gathers before it hands them to the encoding
+# thread, where that gains time (see Vocabulary.overlaps and ids_later):
+# several milliseconds of tokenizer work, against tens of microseconds for
+# the handoff. A chat-sized request never reaches it and is encoded in one
+# batch.
+_HANDOFF = 1 << 15
 
 
 class Binding:
@@ -67,6 +77,8 @@ class Binding:
         self._stable: dict[str, list[int]] = {}
         self._headers: dict[str, str] = {}
         self._tags: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        self._beyond_pat: re.Pattern[str] | None = None
+        self._text_table: list[bytes | None] | None = None
 
     # -- segments → ids ------------------------------------------------------
 
@@ -177,6 +189,19 @@ class Binding:
                 self._stable[text] = ids
         return ids
 
+    def text_table(self) -> list[bytes | None]:
+        """The bytes of every id of ordinary text, None for the marker ids
+        (empty if the vocabulary has no byte table): one lookup tells a
+        streamed token's text from a marker. Built once per binding."""
+        table = self._text_table
+        if table is None:
+            table = list(self.vocab.byte_table())
+            if table:
+                for i in self.kind_of_id:
+                    table[i] = None
+            self._text_table = table
+        return table
+
     # -- ids → lexemes -------------------------------------------------------
 
     def _check_ids(self, ids: Sequence[int]) -> None:
@@ -208,21 +233,37 @@ class Binding:
     def document(self, ids: Sequence[int], *, lenient: bool = False) -> Document:
         """The markup tree of token ids: the one-pass fast path for
         well-formed input, else the general lexer and driver."""
-        self._check_ids(ids)
+        # The ids as characters serve the range check (a regular expression
+        # over them is several times faster than max() and min() over the
+        # ints) and then the fast path.
+        as_text = ids_as_text(ids) if ids else None
+        if as_text is None or self._beyond(as_text):
+            self._check_ids(ids)
         if len(self._tags) > _CACHE_LIMIT:
             self._tags.clear()
-        try:
-            doc = build_ids_fast(ids, self.kind_of_id, self.vocab.decode_batch, self._tags)
-        except (TypeError, ValueError, OverflowError):
-            self._bad_id(ids)
-        if doc is not None and not self.text_marks:
-            return doc
-        return build(self._lex(ids), lenient=lenient)  # ids were checked above
+        with collector_paused():
+            try:
+                doc = build_ids_fast(ids, self.kind_of_id, self.vocab.decode_runs, self._tags, as_text=as_text)
+            except (TypeError, ValueError, OverflowError):
+                self._bad_id(ids)
+            if doc is not None and not self.text_marks:
+                return doc
+            return build(self._lex(ids), lenient=lenient)  # ids were checked above
+
+    def _beyond(self, as_text: str) -> bool:
+        """Whether ids given as characters (:func:`ids_as_text`) hold one
+        past the vocabulary."""
+        pat = self._beyond_pat
+        if pat is None:
+            size = self.vocab.size
+            pat = self._beyond_pat = re.compile(f"[^\\x00-{re.escape(chr(size - 1))}]" if 0 < size <= 0x110000
+                                                else "(?!)" if size > 0x110000 else "(?s:.)")
+        return pat.search(as_text) is not None
 
     def _bad_id(self, ids: Sequence[int]) -> NoReturn:
         for i, t in enumerate(ids):
             if type(t) is not int or not 0 <= t < self.vocab.size:
-                raise ParseError(f"{t!r} is not a token id of this tokenizer", offset=i)
+                raise ParseError(f"{shown(t)} is not a token id of this tokenizer", offset=i)
         raise ParseError("token ids could not be decoded", offset=0)
 
 
@@ -262,7 +303,8 @@ def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
 class IdSink:
     """Markup events → ids, with the binding's caches (see :meth:`Binding.sink`)."""
 
-    __slots__ = ("_b", "_chunks", "_close", "_end", "_open", "_slots", "_tags", "_texts")
+    __slots__ = ("_b", "_chars", "_chunks", "_close", "_end", "_later", "_limit", "_open", "_slots", "_tags",
+                 "_texts")
 
     def __init__(self, binding: Binding) -> None:
         self._b = binding
@@ -270,6 +312,12 @@ class IdSink:
         self._texts: list[str] = []
         self._slots: list[int] = []
         self._tags: list[str] = []
+        # Characters of body text waiting in _texts; past the limit (_HANDOFF
+        # where handing off gains time, else never) they go to the encoding
+        # thread, and the rest of the request renders meanwhile.
+        self._chars = 0
+        self._limit = _HANDOFF if binding.vocab.overlaps() else sys.maxsize
+        self._later: list[tuple[list[int], Callable[[], list[list[int]]]]] = []
         self._end = [binding.marker_ids[binding.markers.end]]
         # Bound lookups of the binding's caches: render emits thousands of
         # events per request, and these are the hot ones.
@@ -295,6 +343,9 @@ class IdSink:
             self._slots.append(len(self._chunks))
             self._chunks.append(_NO_IDS)
             self._texts.append(text)
+            self._chars += len(text)
+            if self._chars > self._limit:
+                self._hand_off()
 
     def element(self, tag: str, attrs: tuple[tuple[str, str], ...], text: str, stable: bool = False) -> None:
         chunks = self._chunks
@@ -307,6 +358,9 @@ class IdSink:
                 self._slots.append(len(chunks))
                 chunks.append(_NO_IDS)
                 self._texts.append(text)
+                self._chars += len(text)
+                if self._chars > self._limit:
+                    self._hand_off()
         ids = self._close(tag)
         chunks.append(ids if ids is not None else self._b._close_ids(tag))
 
@@ -317,13 +371,28 @@ class IdSink:
     def end(self) -> None:
         self._chunks.append(self._end)
 
+    def _hand_off(self) -> None:
+        """Send the waiting texts to the encoding thread."""
+        self._later.append((self._slots, self._b.vocab.ids_later(self._texts)))
+        self._slots = []
+        self._texts = []
+        self._chars = 0
+
     def _fill(self) -> list[list[int]]:
-        """The chunks of ids, body text encoded in one batch."""
+        """The chunks of ids, body text encoded in one batch (a long request's
+        in several, on the encoding thread while it was rendered)."""
         chunks = self._chunks
         if self._texts:
             for slot, ids in zip(self._slots, self._b.vocab.ids_of(self._texts)):
                 chunks[slot] = ids
+            self._slots = []
             self._texts = []
+            self._chars = 0
+        if self._later:
+            for slots, result in self._later:
+                for slot, ids in zip(slots, result()):
+                    chunks[slot] = ids
+            self._later = []
         return chunks
 
     def finish(self) -> list[int]:

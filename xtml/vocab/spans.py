@@ -1,7 +1,7 @@
 """Where each element of a markup tree lies in its token ids.
 
 :func:`encode_spans` gives the ids of a tree (equal to
-:meth:`~xtml.tokenizer.Binding.encode`: the same cached constant pieces, the
+:meth:`~xtml.vocab.Binding.encode`: the same cached constant pieces, the
 same one batch for all body text) and, for every element, the id offsets of
 its open tag, body and close tag. Loss masks and per-element token counts are
 computed from these offsets, so they can never drift from the ids. This is

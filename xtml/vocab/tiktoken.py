@@ -20,8 +20,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError
-from .vocabulary import Vocabulary, _byte_to_char
+from ..errors import TokenizerError, shown
+from ..markup.collector import collector_paused
+from .vocabulary import Vocabulary, _byte_to_char, _cores, join_bytes, refuse_lone_surrogates
 
 __all__ = ["KIMI_PATTERN", "RESERVED_NAME", "TiktokenVocabulary", "find_vocab_file", "load_tiktoken"]
 
@@ -247,10 +248,19 @@ class TiktokenVocabulary(Vocabulary):
 
     def ids_of(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text encoded on its own as ordinary text (new lists)."""
+        # tiktoken replaces a lone surrogate with U+FFFD without a word, and
+        # the ids would no longer decode to the text.
+        refuse_lone_surrogates(texts, self.source)
         # One call per text: encode_ordinary_batch starts a thread pool per
         # call, which costs far more than the encoding of chat-sized texts.
         enc = self._encode_one
-        return [enc(t) for t in texts]
+        with collector_paused():
+            return [enc(t) for t in texts]
+
+    def overlaps(self) -> bool:
+        """tiktoken encodes each text on the calling thread without the GIL:
+        another core can always take a batch while the caller renders."""
+        return _cores() > 1
 
     def decode_batch(self, runs: list[Sequence[int]]) -> list[str]:
         """Each run of ids decoded on its own (invalid UTF-8 replaced, as
@@ -261,9 +271,17 @@ class TiktokenVocabulary(Vocabulary):
         for run in runs:
             if run and (min(run) < 0 or max(run) >= n):
                 bad = next(t for t in run if not 0 <= t < n)
-                raise ValueError(f"{bad!r} is not a token id of this tokenizer")
-            out.append(b"".join(map(table.__getitem__, run)).decode("utf-8", "replace"))
+                raise ValueError(f"{shown(bad)} is not a token id of this tokenizer")
+            out.append(join_bytes(table, run).decode("utf-8", "replace"))
         return out
+
+    def decode_runs(self, runs: list[Sequence[int]]) -> list[str]:
+        """:meth:`decode_batch` of ids known to be in range."""
+        # tiktoken's own decode_bytes (one call into Rust a run) is faster
+        # than joining bytes from the table once a run has a dozen ids.
+        db = self._enc.decode_bytes
+        table = self._table
+        return [(db(run) if len(run) > 12 else join_bytes(table, run)).decode("utf-8", "replace") for run in runs]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_batch([ids])[0]
@@ -286,6 +304,7 @@ class TiktokenVocabulary(Vocabulary):
     def encode_with_specials(self, text: str) -> list[int]:
         """Ids of ``text`` with every added token's literal matched, as an
         engine that tokenizes rendered text does (never used for user text)."""
+        refuse_lone_surrogates((text,), self.source)
         return list(self._enc.encode(text, allowed_special="all"))
 
     def with_special_tokens(self, tokens: Iterable[str]) -> TiktokenVocabulary:

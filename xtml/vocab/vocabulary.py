@@ -10,10 +10,18 @@ template's markers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 from ..errors import TokenizerError
+from ..markup.collector import collector_paused
 
 __all__ = ["Vocabulary", "byte_vocabulary"]
 
@@ -21,6 +29,15 @@ __all__ = ["Vocabulary", "byte_vocabulary"]
 # (at most _SHORT_LIMIT of them, a few MB).
 SHORT_TEXT = 32
 _SHORT_LIMIT = 16384
+
+# Ids decoded through the library before the byte table is built (see
+# Vocabulary._table_for).
+_TABLE_AFTER = 1 << 20
+
+# Held while a byte table is built (a fraction of a second, once per
+# vocabulary): a thread that asks meanwhile waits for the table instead of
+# seeing a half-built one. One lock for all vocabularies keeps them picklable.
+_TABLE_LOCK = threading.Lock()
 
 
 class Vocabulary:
@@ -54,6 +71,7 @@ class Vocabulary:
         self.source = source
         self._size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._bytes: list[bytes] | None = None
+        self._decoded = 0
         self._short: dict[str, list[int]] = {}
         self._added = {
             t.content: (i, bool(t.special)) for i, t in self._tok.get_added_tokens_decoder().items()
@@ -110,32 +128,92 @@ class Vocabulary:
         # A text that comes twice in one call is encoded once.
         uniq = list(dict.fromkeys(miss))
         got: dict[str, list[int]] = {}
-        for t, e in zip(uniq, self._tok.encode_batch_fast(uniq, add_special_tokens=False)):
-            ids = got[t] = e.ids
-            if len(t) <= SHORT_TEXT:
-                short[t] = ids
+        # A list of ids per text: collections triggered by them would walk
+        # the whole process (see xtml.markup.collector).
+        with collector_paused():
+            try:
+                encoded = self._tok.encode_batch_fast(uniq, add_special_tokens=False)
+            except TypeError:
+                # The library takes only text it can pass to Rust as UTF-8.
+                refuse_lone_surrogates(uniq, self.source)
+                raise
+            for t, e in zip(uniq, encoded):
+                ids = got[t] = e.ids
+                if len(t) <= SHORT_TEXT:
+                    short[t] = ids
         for j, t in zip(where, miss):
             out[j] = got[t]
         return out
 
+    def overlaps(self) -> bool:
+        """Whether :meth:`ids_later` can gain time: the tokenizer encodes a
+        batch on one core (``TOKENIZERS_PARALLELISM`` off) and there is
+        another. When the library spreads a batch over every core itself,
+        rendering beside it only competes for them (measured: 1.2 to 1.3x the
+        batch's time instead of 1.05 to 1.1x)."""
+        flag = os.environ.get("TOKENIZERS_PARALLELISM")
+        serial = flag is not None and flag.lower() in ("", "off", "false", "f", "no", "n", "0")
+        return serial and _cores() > 1
+
+    def ids_later(self, texts: list[str]) -> Callable[[], list[list[int]]]:
+        """:meth:`ids_of` on a worker thread: returns at once, and calling
+        what it returns waits for the ids (or raises what ``ids_of`` raised).
+
+        The tokenizer runs without the GIL, so whatever the caller does
+        meanwhile (rendering the rest of a long request) overlaps it instead
+        of leaving a core idle. A handoff costs tens of microseconds, so it
+        pays for batches of thousands of characters, not for chat-sized ones.
+        """
+        return _worker().submit(self.ids_of, texts).result
+
+    def _table_for(self, runs: list[Sequence[int]]) -> list[bytes] | None:
+        """The byte table once it pays: building it costs about what the
+        library takes to decode a million ids, so a vocabulary that decodes
+        less (a command-line parse, a short job) never builds it; decoding
+        is the same either way (the table is checked against the library,
+        and invalid UTF-8 goes to the library)."""
+        table = self._bytes
+        if table is None:
+            self._decoded += sum(map(len, runs))
+            if self._decoded < _TABLE_AFTER:
+                return None
+            table = self.byte_table()
+        return table
+
     def decode_batch(self, runs: list[Sequence[int]]) -> list[str]:
         """Each run of ordinary ids decoded on its own."""
-        table = self._bytes if self._bytes is not None else self._byte_table()
+        return self._decode(runs, (UnicodeDecodeError, IndexError, TypeError))
+
+    def decode_runs(self, runs: list[Sequence[int]]) -> list[str]:
+        """:meth:`decode_batch` of runs whose ids are known to be ids of the
+        vocabulary (what :class:`~xtml.vocab.Binding` passes, having checked
+        them)."""
+        return self._decode(runs, (UnicodeDecodeError,))
+
+    def _decode(self, runs: list[Sequence[int]], fallback: tuple[type[Exception], ...]) -> list[str]:
+        table = self._table_for(runs)
         if not table:
             return list(self._tok.decode_batch(runs, skip_special_tokens=False))
         out: list[str] = []
         for run in runs:
             try:
-                out.append(b"".join(map(table.__getitem__, run)).decode("utf-8"))
-            except (UnicodeDecodeError, IndexError, TypeError):
+                out.append(join_bytes(table, run).decode("utf-8"))
+            except fallback:
                 # Invalid UTF-8 (a cut or random ids): the library's own
                 # replacement rules decide.
                 out.append(self._tok.decode(list(run), skip_special_tokens=False))
         return out
 
     def byte_table(self) -> list[bytes]:
-        """The bytes of every id (byte-level BPE only; empty otherwise)."""
-        return self._bytes if self._bytes is not None else self._byte_table()
+        """The bytes of every id (byte-level BPE only; empty otherwise).
+        Built on first use, once, whichever threads ask."""
+        table = self._bytes
+        if table is not None:
+            return table
+        with _TABLE_LOCK:
+            if self._bytes is None:
+                self._bytes = self._byte_table()
+            return self._bytes
 
     def _byte_table(self) -> list[bytes]:
         """The bytes of every id, for byte-level BPE vocabularies.
@@ -147,29 +225,40 @@ class Vocabulary:
         """
         from tokenizers import decoders
 
-        self._bytes = []
-        if not isinstance(self._tok.decoder, decoders.ByteLevel):
-            return self._bytes
-        unbyte = {c: b for b, c in _byte_to_char().items()}
-        added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
-        table = [b""] * self._size
-        for token, i in self._tok.get_vocab(with_added_tokens=True).items():
-            if i >= self._size:
-                return self._bytes
-            if token in added:
-                table[i] = token.encode("utf-8")
-                continue
-            try:
-                table[i] = bytes([unbyte[c] for c in token])
-            except KeyError:
-                return self._bytes
+        none: list[bytes] = []
+        tok = self._tok
+        if not isinstance(tok.decoder, decoders.ByteLevel):
+            return none
+        # Every token string is one character of the byte-level alphabet per
+        # byte: all of them joined, translated to Latin-1 and encoded in one
+        # go, then cut at their lengths. (A dictionary walk per character
+        # took most of a second for a 129k vocabulary.)
+        added = {i: t.content for i, t in tok.get_added_tokens_decoder().items() if i < self._size}
+        it = tok.id_to_token
+        tokens = [it(i) for i in range(self._size)]
+        for i in added:
+            tokens[i] = ""
+        if None in tokens:
+            return none
+        strs = cast("list[str]", tokens)
+        try:
+            data = "".join(strs).translate(_unbyte()).encode("latin-1")
+        except UnicodeEncodeError:
+            return none  # a character outside the alphabet
+        table: list[bytes] = []
+        pos = 0
+        for t in strs:
+            n = len(t)
+            table.append(data[pos : pos + n])
+            pos += n
+        for i, content in added.items():
+            table[i] = content.encode("utf-8")
         sample = list(range(0, self._size, max(1, self._size // 4000)))
         for k in range(0, len(sample), 50):
             chunk = sample[k : k + 50]
             mine = b"".join(table[i] for i in chunk).decode("utf-8", "replace")
-            if mine != self._tok.decode(chunk, skip_special_tokens=False):
-                return self._bytes
-        self._bytes = table
+            if mine != tok.decode(chunk, skip_special_tokens=False):
+                return none
         return table
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -195,6 +284,83 @@ class Vocabulary:
         ordinary text: special-token literals encode as text, and there is
         no truncation, padding or post-processor."""
         return self._tok
+
+
+@cache
+def _cores() -> int:
+    """The cores this process may run on (asked once: every encode asks)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+_pool: Executor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _worker() -> Executor:
+    """The process's one encoding thread, started on first use."""
+    global _pool
+    pool = _pool
+    if pool is None:
+        with _POOL_LOCK:
+            if _pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _pool = ThreadPoolExecutor(1, thread_name_prefix="xtml-encode")
+            pool = _pool
+    return pool
+
+
+def _forget_worker() -> None:
+    # A forked child has no copy of the parent's threads: it starts its own
+    # (and its own lock, which a parent's thread may have held at the fork).
+    global _pool, _POOL_LOCK
+    _pool = None
+    _POOL_LOCK = threading.Lock()
+    _cores.cache_clear()
+
+
+os.register_at_fork(after_in_child=_forget_worker)
+
+
+def join_bytes(table: list[bytes], run: Sequence[int]) -> bytes:
+    """The bytes of the ids of ``run``, from the byte table of their
+    vocabulary (a negative id counts from the end, as in any list)."""
+    # itemgetter fetches every item in one C call: half the cost of
+    # map(table.__getitem__, run), which calls back for each id.
+    if len(run) > 1:
+        return b"".join(itemgetter(*run)(table))
+    return table[run[0]] if run else b""
+
+
+def refuse_lone_surrogates(texts: Iterable[str], source: str) -> None:
+    """Raise TokenizerError if a text holds a lone surrogate (which a str may
+    hold and no UTF encodes): the request check refuses them with their
+    place, and this keeps any other caller from a bare TypeError, or from
+    tiktoken's silent U+FFFD."""
+    for t in texts:
+        if t.isascii():
+            continue
+        try:
+            # In C, about a nanosecond a character ("utf-32" skips the codec
+            # registry).
+            t.encode("utf-32")
+        except UnicodeEncodeError as e:
+            raise TokenizerError(f"{source}: U+{ord(t[e.start]):04X} at character {e.start:,} of a text is a lone "
+                                 "surrogate, which no tokenizer encodes") from None
+
+
+@cache
+def _unbyte() -> dict[int, int]:
+    """``str.translate`` table from the byte-level alphabet to Latin-1 (each
+    character to the byte it stands for); other Latin-1 characters go to
+    U+FFFF, which Latin-1 cannot encode, so a token outside the alphabet
+    fails the encode."""
+    out = dict.fromkeys(range(256), 0xFFFF)
+    out.update({ord(c): b for b, c in _byte_to_char().items()})
+    return out
 
 
 def _byte_to_char() -> dict[int, str]:

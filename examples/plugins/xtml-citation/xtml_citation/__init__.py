@@ -48,6 +48,12 @@ class CitationExtension(ContentExtension):
             raise ValueError("a citation holds only text")
         return {"type": "citation", "source": source, "text": "".join(c.text for c in el.children)}  # type: ignore[union-attr]
 
+    def completion_grammar(self, names: Mapping[str, str]) -> str:
+        # What read_element accepts: a non-empty source, then only text.
+        head = f'"{self.element} {self.attribute}=\\""'
+        return (f'{names["start"]}: {names["open"]} {head} {names["nonempty_value"]} "\\"" {names["sep"]} '
+                f'{names["text"]} {names["close"]} "{self.element}" {names["sep"]}\n')
+
     def strategy(self) -> st.SearchStrategy[dict[str, Any]]:
         return st.builds(lambda s, t: {"type": "citation", "source": s, "text": t},
                          st.text(min_size=1, max_size=30), st.text(max_size=40))

@@ -1,0 +1,873 @@
+"""The exported completion grammar (xtml.serving.grammar), run by llguidance
+on a real 129k-id vocabulary.
+
+Every completion xtml renders for a generated request whose calls fit their
+tools' schemas is accepted token by token to an accepting end; a completion
+changed in one place (an undeclared tool, a wrong type, a value outside an
+enum, a missing or repeated argument, a broken tool_choice or
+response_format, a close tag out of order, a bad plugin element) is refused
+at the first token where it leaves every good completion. That token is
+computed here from the change alone: the changed piece of markup and the
+strings that could stand there instead, mapped to tokens through the
+vocabulary's bytes. The same for the xtml-base dialect, the citation plugin,
+and (translated to llguidance's syntax) the xgrammar export.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import xtml
+from tests.conftest import deepseek_path
+from tests.docs import run_examples
+from xtml import testing as xt
+from xtml.cli import main
+from xtml.markup.header import escape
+from xtml.markup.segments import Segment
+from xtml.serving.grammar import completion_grammar
+
+K3 = xtml.load("kimi-k3")
+BASE = xtml.load("xtml-base")
+ROOT = Path(__file__).parent.parent
+CITE_TOML = ROOT / "xtml" / "dialects" / "kimi-k3.toml"
+
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                           HealthCheck.data_too_large])
+
+
+@cache
+def vocab() -> xtml.Vocabulary:
+    """The deepseek tokenizer with the K3 and xtml-base markers as special tokens."""
+    return xtml.load_tokenizer(deepseek_path(), add_special_tokens=(*K3.markers.all(), *BASE.markers.all()))
+
+
+@cache
+def lltok() -> llguidance.LLTokenizer:
+    """llguidance's tokenizer of :func:`vocab` (built once: about two seconds),
+    its end of sequence the K3 end marker, as an engine serving K3 sets it."""
+    end = K3.bind(vocab()).marker_ids[K3.markers.end]
+    return llguidance.LLTokenizer(vocab().tokenizer.to_str(), eos_token=end)
+
+
+@cache
+def cited() -> xtml.Template:
+    """K3 with the citation plugin (examples/plugins/xtml-citation)."""
+    assert "citation" in xtml.plugins.installed(), "pip install ./examples/plugins/xtml-citation"
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "cited.toml"
+    path.write_text(CITE_TOML.read_text(encoding="utf-8") + '\n[plugins.citation]\nelement = "cite"\n',
+                    encoding="utf-8")
+    return xtml.load(path)
+
+
+def matcher(grammar: str) -> llguidance.LLMatcher:
+    m = llguidance.LLMatcher(lltok(), grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def accepts(grammar: str, ids: list[int]) -> None:
+    """The matcher takes every id, one at a time, and accepts at the end."""
+    m = matcher(grammar)
+    for k, t in enumerate(ids):
+        assert m.consume_token(t), f"refused token {k} of {len(ids)} ({vocab().decode([t])!r}): {m.get_error()}"
+    assert m.is_accepting(), "the grammar does not accept the end of the completion"
+
+
+def refused_at(grammar: str, ids: list[int]) -> int:
+    """How many ids the matcher takes before it refuses one."""
+    m = matcher(grammar)
+    n = m.try_consume_tokens(ids)
+    assert n < len(ids), "the grammar took the whole bad completion"
+    return n
+
+
+# -- completions as segments -----------------------------------------------------------
+
+
+@dataclass
+class Piece:
+    seg: Segment
+    ids: list[int]
+
+
+def pieces(tpl: xtml.Template, history: dict[str, Any], message: dict[str, Any]) -> list[Piece]:
+    """The completion of ``message`` after ``history``'s generation prompt,
+    segment by segment with each segment's ids (which xtml.testing's
+    completion_case checks against the ids of a whole render)."""
+    drop = ("tool_choice", "response_format", "parallel_tool_calls")
+    base = {k: v for k, v in history.items() if k not in drop}
+    whole = {**base, "messages": [*base["messages"], message]}
+    segs = tpl.render(whole, add_generation_prompt=False).segments
+    prefix = tpl.render(base, add_generation_prompt=True).segments
+    assert segs[: len(prefix)] == prefix
+    b = tpl.bind(vocab())
+    out = [Piece(s, b.encode_segments([s])) for s in segs[len(prefix):]]
+    case = xt.completion_case(tpl, whole, vocab())
+    assert case is not None and [i for p in out for i in p.ids] == case[0]
+    return out
+
+
+def ids_of(ps: list[Piece]) -> list[int]:
+    return [i for p in ps for i in p.ids]
+
+
+def piece(tpl: xtml.Template, text: str, special: bool = False) -> Piece:
+    s = Segment(text, special)
+    return Piece(s, tpl.bind(vocab()).encode_segments([s]))
+
+
+def offset(ps: list[Piece], k: int) -> int:
+    return sum(len(p.ids) for p in ps[:k])
+
+
+def lcp(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def departure(ps: list[Piece], k: int, alternatives: list[str]) -> int:
+    """The token where the text of piece ``k`` leaves every alternative (the
+    strings a good completion may have there, up to the next piece): the one
+    holding the first byte past the longest common prefix, or the next
+    piece's first token when the text is a prefix of an alternative."""
+    text = ps[k].seg.text
+    assert text not in alternatives, "the change is not a departure"
+    d = len(text[: max(lcp(text, a) for a in alternatives)].encode("utf-8")) if alternatives else 0
+    table = vocab().byte_table()
+    n = 0
+    for j, t in enumerate(ps[k].ids):
+        n += len(table[t])
+        if n > d:
+            return offset(ps, k) + j
+    return offset(ps, k + 1)
+
+
+def find(ps: list[Piece], pattern: list[str | None], nth: int = 0, start: int = 0) -> int:
+    """Index of the ``nth`` run of pieces (from ``start``) whose texts match
+    ``pattern`` (None matches any)."""
+    hits = 0
+    for k in range(start, len(ps) - len(pattern) + 1):
+        if all(want is None or ps[k + j].seg.text == want for j, want in enumerate(pattern)):
+            if hits == nth:
+                return k
+            hits += 1
+    raise AssertionError(f"no run {pattern} number {nth}")
+
+
+# -- requests and messages -------------------------------------------------------------
+
+KINDS: dict[str, Any] = {
+    "string": {"type": "string"},
+    "integer": {"type": "integer"},
+    "number": {"type": "number"},
+    "boolean": {"type": "boolean"},
+    "null": {"type": "null"},
+    "nullable": {"type": ["string", "null"]},
+    "array": {"type": "array", "items": {"type": "integer"}},
+    "object": {"type": "object", "properties": {"x": {"type": "string"}, "y": {"type": "integer"}},
+               "required": ["x"], "additionalProperties": False},
+    "int_enum": {"enum": [1, 2, 3]},
+    "enum": None,  # drawn: a string enum
+}
+# The type attributes each kind of value may carry.
+ATTRS = {"string": ["string"], "integer": ["number"], "number": ["number"], "boolean": ["boolean"],
+         "null": ["null"], "nullable": ["string", "null"], "array": ["array"], "object": ["object"],
+         "int_enum": ["number"], "enum": ["string"]}
+# A value of another type, and its type, whose first letter no allowed type starts with.
+WRONG = {"string": (7, "number"), "integer": ("x", "string"), "number": (True, "boolean"),
+         "boolean": ("x", "string"), "null": ("x", "string"), "nullable": (7, "number"),
+         "array": ("x", "string"), "object": (7, "number"), "int_enum": ("x", "string"), "enum": (7, "number")}
+
+JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+               "additionalProperties": False}
+
+
+def text() -> st.SearchStrategy[str]:
+    return xt.texts(K3, max_pieces=3, long=False, huge=False)
+
+
+@cache
+def added_spellings() -> tuple[str, ...]:
+    """Spellings of the vocabulary's added tokens that are not special (the
+    tokenizer makes them those tokens even in text)."""
+    added = vocab().tokenizer.get_added_tokens_decoder().values()
+    return tuple(t.content for t in added if not t.special)
+
+
+def json_safe(s: str) -> str:
+    """``s`` without what llguidance's JSON refuses inside strings (limits
+    the grammar's header states): a raw DEL, and text the tokenizer turns
+    into an added token. xtml writes JSON strings with non-ASCII kept."""
+    while True:
+        out = s.replace("\x7f", "")
+        for a in added_spellings():
+            out = out.replace(a, "")
+        if out == s:
+            return out
+        s = out
+
+
+@st.composite
+def value_of(draw: st.DrawFn, kind: str, schema: Any) -> Any:
+    if kind == "string":
+        return draw(text())
+    if kind == "enum":
+        return draw(st.sampled_from(schema["enum"]))
+    if kind == "integer":
+        return draw(st.integers(-(10**20), 10**20))
+    if kind == "number":
+        return draw(st.one_of(st.integers(-1000, 1000), st.floats(allow_nan=False, allow_infinity=False)))
+    if kind == "boolean":
+        return draw(st.booleans())
+    if kind == "null":
+        return None
+    if kind == "nullable":
+        return draw(st.one_of(st.none(), text()))
+    if kind == "array":
+        return draw(st.lists(st.integers(-99, 99), max_size=4))
+    if kind == "object":
+        out: dict[str, Any] = {"x": json_safe(draw(text()))}
+        if draw(st.booleans()):
+            out["y"] = draw(st.integers(-5, 5))
+        return out
+    return draw(st.sampled_from([1, 2, 3]))
+
+
+@dataclass
+class Tool:
+    name: str
+    kinds: dict[str, str]
+    required: list[str]
+    closed: bool
+    schema: dict[str, Any] = field(default_factory=dict)
+
+
+@st.composite
+def tools(draw: st.DrawFn) -> list[Tool]:
+    # Names and keys carry the characters attributes escape (" and &); no
+    # tool name starts with z, and no key with #.
+    names = draw(st.lists(st.text(alphabet='abc_&"', min_size=1, max_size=4), min_size=1, max_size=3, unique=True))
+    out = []
+    for name in names:
+        keys = draw(st.lists(st.text(alphabet='kmn&"<', min_size=1, max_size=3), max_size=4, unique=True))
+        kinds = {k: draw(st.sampled_from(sorted(KINDS))) for k in keys}
+        props: dict[str, Any] = {}
+        for k, kind in kinds.items():
+            if kind == "enum":
+                values = draw(st.lists(st.text(alphabet="pqrs", max_size=3), min_size=1, max_size=3, unique=True))
+                props[k] = {"type": "string", "enum": values}
+            else:
+                props[k] = KINDS[kind]
+        required = [k for k in keys if draw(st.booleans())]
+        closed = draw(st.booleans())
+        schema: dict[str, Any] = {"type": "object", "properties": props, "required": required}
+        if closed:
+            schema["additionalProperties"] = False
+        out.append(Tool(name, kinds, required, closed, schema))
+    return out
+
+
+def declared(ts: list[Tool]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": t.name, "description": "d", "parameters": t.schema}}
+            for t in ts]
+
+
+@st.composite
+def call_of(draw: st.DrawFn, t: Tool) -> dict[str, Any]:
+    optional = [k for k in t.kinds if k not in t.required]
+    keys = t.required + [k for k in optional if draw(st.booleans())]
+    keys = draw(st.permutations(keys))
+    args = {k: draw(value_of(t.kinds[k], t.schema["properties"][k])) for k in keys}
+    if not t.closed and draw(st.booleans()):
+        args[draw(st.text(alphabet="xyz", min_size=1, max_size=3))] = draw(st.one_of(text(), st.integers()))
+    return {"type": "function", "function": {"name": t.name, "arguments": args}}
+
+
+@dataclass
+class Case:
+    tpl: xtml.Template
+    tools: list[Tool]
+    history: dict[str, Any]
+    message: dict[str, Any]
+    choice: Any
+    json_answer: bool
+
+    def grammar(self, **over: Any) -> str:
+        return completion_grammar(self.tpl, {**self.history, **over}, vocab())
+
+
+@st.composite
+def cases(draw: st.DrawFn, tpl: xtml.Template) -> Case:
+    ts = draw(tools())
+    choice = draw(st.sampled_from(["auto", "required", "none", "named", None]))
+    named = draw(st.sampled_from(ts)) if choice == "named" else None
+    parallel = draw(st.sampled_from([None, True, False]))
+    most = 1 if parallel is False else 3
+    calls: list[dict[str, Any]] = []
+    if choice != "none":
+        pool = [named] if named is not None else ts
+        least = 1 if choice in ("required", "named") else 0
+        calls = draw(st.lists(st.sampled_from(pool).flatmap(call_of), min_size=least, max_size=most))
+    fmt = draw(st.sampled_from([None, "json_object", "json_schema"]))
+    message: dict[str, Any] = {"role": "assistant"}
+    if draw(st.booleans()):
+        message["reasoning_content"] = draw(text())
+    if fmt is None:
+        message["content"] = draw(text())
+    elif bool(calls) and draw(st.booleans()):
+        message["content"] = ""
+    elif fmt == "json_object":
+        message["content"] = json.dumps(draw(st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
+    else:
+        message["content"] = json.dumps({"answer": json_safe(draw(text()))}, ensure_ascii=draw(st.booleans()))
+    if calls:
+        message["tool_calls"] = calls
+    history: dict[str, Any] = {"messages": [{"role": "user", "content": "go"}], "tools": declared(ts),
+                               "thinking": draw(st.booleans())}
+    if choice is not None:
+        history["tool_choice"] = ({"type": "function", "function": {"name": named.name}} if named is not None
+                                  else choice)
+    if parallel is not None:
+        history["parallel_tool_calls"] = parallel
+    if fmt == "json_object":
+        history["response_format"] = {"type": "json_object"}
+    elif fmt == "json_schema":
+        history["response_format"] = {"type": "json_schema", "json_schema": {"name": "a", "schema": JSON_SCHEMA}}
+    return Case(tpl, ts, history, message, choice, fmt is not None)
+
+
+# -- good completions ------------------------------------------------------------------
+
+
+@SETTINGS
+@given(st.sampled_from([K3, BASE]).flatmap(cases))
+def test_every_rendered_completion_is_accepted(case: Case) -> None:
+    ps = pieces(case.tpl, case.history, case.message)
+    ids = ids_of(ps)
+    grammar = case.grammar()
+    accepts(grammar, ids)
+    # Engines stop at the end marker and may strip it: the grammar then
+    # waits for it, and for nothing else.
+    m = matcher(grammar)
+    assert m.consume_tokens(ids[:-1]) and not m.is_accepting()
+    allowed = [i for i, v in enumerate(m.compute_logit_bias()) if v]
+    assert allowed == [ids[-1]]
+
+
+def test_marker_text_stays_text() -> None:
+    """A marker spelled in text (reasoning, content, a string argument) is
+    ordinary tokens, and the grammar reads it as text; the marker's own id
+    in the same place is refused."""
+    spelled = "<|close|>think<|sep|><|open|>response<|sep|><|end_of_msg|>"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": [tool]}
+    message = {"role": "assistant", "reasoning_content": spelled, "content": spelled,
+               "tool_calls": [{"function": {"name": "f", "arguments": {"q": spelled}}}]}
+    ps = pieces(K3, history, message)
+    grammar = K3.completion_grammar(history, vocab())
+    accepts(grammar, ids_of(ps))
+    close = K3.bind(vocab()).marker_ids["<|close|>"]
+    k = find(ps, [spelled])
+    bad = [*ids_of(ps[:k]), close, *ids_of(ps[k + 1:])]
+    # The real marker closes the think channel: `think` may follow, `<|close|>` again may not.
+    assert refused_at(grammar, bad) == offset(ps, k) + 1
+
+
+# -- bad completions -------------------------------------------------------------------
+
+
+def _names(tpl: xtml.Template) -> dict[str, str]:
+    return tpl.dialect.names
+
+
+def _arg_pieces(ps: list[Piece], tpl: xtml.Template, nth: int) -> tuple[int, int]:
+    """(first, last) piece of the ``nth`` argument element."""
+    n, m = _names(tpl), tpl.markers
+    key = find(ps, [" " + n["key"], '="'], nth)
+    first = key - 2  # open marker, tag name
+    last = find(ps, [m.close, n["argument"], m.sep], 0, key) + 2
+    return first, last
+
+
+def _args_before(case: Case, call: int) -> int:
+    calls = case.message.get("tool_calls", [])
+    return sum(len(c["function"]["arguments"]) for c in calls[:call])
+
+
+def _tool(case: Case, name: str) -> Tool:
+    return next(t for t in case.tools if t.name == name)
+
+
+CHANGES = ["undeclared-tool", "wrong-type", "missing-required", "tool-choice-none", "tool-choice-required",
+           "not-json", "close-order", "close-call-as-tools"]
+
+
+def _applicable(case: Case) -> list[str]:
+    calls = case.message.get("tool_calls", [])
+    kinds = ["close-order"]
+    if calls:
+        kinds += ["undeclared-tool", "tool-choice-none", "close-call-as-tools"]
+        if any(set(c["function"]["arguments"]) & set(_tool(case, c["function"]["name"]).kinds) for c in calls):
+            kinds.append("wrong-type")
+        if any(_tool(case, c["function"]["name"]).required for c in calls):
+            kinds.append("missing-required")
+    else:
+        kinds.append("tool-choice-required")
+    if case.json_answer and not calls:
+        kinds.append("not-json")
+    return kinds
+
+
+@pytest.mark.parametrize("kind", CHANGES)
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from([K3, BASE]).flatmap(cases), st.data())
+def test_changed_completions_are_refused_where_they_depart(kind: str, case: Case, data: st.DataObject) -> None:
+    assume(kind in _applicable(case))
+    tpl, n, m = case.tpl, _names(case.tpl), case.tpl.markers
+    ps = pieces(tpl, case.history, case.message)
+    grammar = case.grammar()
+    calls = case.message.get("tool_calls", [])
+    bad = list(ps)
+    if kind == "undeclared-tool":
+        j = data.draw(st.integers(0, len(calls) - 1), label="call")
+        k = find(ps, [" " + n["tool"], '="'], j) + 2
+        bad[k] = piece(tpl, "z" + ps[k].seg.text)
+        want = departure(bad, k, [])
+    elif kind == "wrong-type":
+        # A listed key (a key the schema does not list takes every type).
+        j, a, key = data.draw(st.sampled_from([
+            (j, a, key) for j, c in enumerate(calls) for a, key in enumerate(c["function"]["arguments"])
+            if key in _tool(case, c["function"]["name"]).kinds]), label="argument")
+        t = _tool(case, calls[j]["function"]["name"])
+        allowed = ATTRS[t.kinds[key]]
+        value, typ = WRONG[t.kinds[key]]
+        first, _ = _arg_pieces(ps, tpl, _args_before(case, j) + a)
+        k = find(ps, [" " + n["type"], '="'], 0, first) + 2
+        bad[k] = piece(tpl, typ)
+        bad[k + 3] = piece(tpl, value if isinstance(value, str) else json.dumps(value))
+        want = departure(bad, k, allowed)
+    elif kind == "missing-required":
+        j = data.draw(st.sampled_from([j for j, c in enumerate(calls)
+                                       if _tool(case, c["function"]["name"]).required]), label="call")
+        args = list(calls[j]["function"]["arguments"])
+        t = _tool(case, calls[j]["function"]["name"])
+        a = args.index(data.draw(st.sampled_from(t.required), label="required"))
+        first, last = _arg_pieces(ps, tpl, _args_before(case, j) + a)
+        del bad[first : last + 1]
+        want = offset(bad, find(bad, [m.close, n["call"], m.sep], j))
+    elif kind == "tool-choice-none":
+        grammar = case.grammar(tool_choice="none")
+        if case.json_answer and not case.message["content"]:
+            # With no call to make, the response must be the JSON answer.
+            want = offset(ps, find(ps, [m.close, n["response"], m.sep]))
+        else:
+            want = offset(ps, find(ps, [m.open, n["tools"]]))
+    elif kind == "tool-choice-required":
+        grammar = case.grammar(tool_choice="required")
+        want = offset(ps, find(ps, [m.close, n["message"]]))
+    elif kind == "not-json":
+        opened = tpl.dialect.prompt_channel[case.history["thinking"]] == "response"
+        k = 0 if opened else find(ps, [m.open, n["response"], m.sep]) + 3
+        if ps[k].seg.special:  # an empty response: put the text in
+            bad.insert(k, piece(tpl, "not json"))
+        else:
+            bad[k] = piece(tpl, "not json")
+        want = departure(bad, k, [])
+    elif kind == "close-order":
+        # The response closed with another channel's name.
+        k = find(ps, [m.close, n["response"], m.sep]) + 1
+        other = n["tools"]
+        bad[k] = piece(tpl, other)
+        want = departure(bad, k, [n["response"]])
+    else:  # a call closed as if it were the tools channel
+        k = find(ps, [m.close, n["call"], m.sep]) + 1
+        bad[k] = piece(tpl, n["tools"])
+        want = departure(bad, k, [n["call"]])
+    assert refused_at(grammar, ids_of(bad)) == want, kind
+
+
+@pytest.mark.parametrize("kind", ["outside-enum", "repeated"])
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cases(K3), st.data())
+def test_refusals_inside_argument_values(kind: str, case: Case, data: st.DataObject) -> None:
+    """A value outside an enum, and an argument given twice, are refused at
+    the first token that leaves what the schema allows."""
+    tpl, n, m = case.tpl, _names(case.tpl), case.tpl.markers
+    calls = case.message.get("tool_calls", [])
+    enums = ("enum", "int_enum") if kind == "outside-enum" else tuple(KINDS)
+    found = [(j, a, key) for j, c in enumerate(calls) for a, key in enumerate(c["function"]["arguments"])
+             if _tool(case, c["function"]["name"]).kinds.get(key) in enums]
+    assume(found)
+    ps = pieces(tpl, case.history, case.message)
+    grammar = case.grammar()
+    j, a, key = data.draw(st.sampled_from(found), label="argument")
+    t = _tool(case, calls[j]["function"]["name"])
+    first, last = _arg_pieces(ps, tpl, _args_before(case, j) + a)
+    bad = list(ps)
+    if kind == "outside-enum":
+        k = find(ps, [m.sep], 0, first) + 1
+        out = "#out" if t.kinds[key] == "enum" else "7"
+        if ps[k].seg.special:  # an empty enum value
+            bad.insert(k, piece(tpl, out))
+        else:
+            bad[k] = piece(tpl, out)
+        want = departure(bad, k, [])
+    else:
+        # The argument again, at the end of the call.
+        close = find(ps, [m.close, n["call"], m.sep], j)
+        bad[close:close] = ps[first : last + 1]
+        k = close + 4  # the repeated key's value
+        given_keys = set(calls[j]["function"]["arguments"])
+        if t.closed:
+            alternatives = [escape(x) for x in t.kinds if x not in given_keys]
+            if not alternatives:  # no key may come: the open marker departs
+                want = offset(bad, close)
+                assert refused_at(grammar, ids_of(bad)) == want
+                return
+        else:
+            # Any other key may come: the key departs only at its closing quote.
+            alternatives = [escape(key) + "x"]
+        want = departure(bad, k, alternatives)
+    assert refused_at(grammar, ids_of(bad)) == want
+
+
+SCHEMA_FEATURES = {
+    "type": "object",
+    "$defs": {"unit": {"enum": ["c", "f"]}, "point": {"type": "object", "properties": {
+        "x": {"type": "number"}, "y": {"type": "number"}}, "required": ["x", "y"]}},
+    "properties": {
+        "unit": {"$ref": "#/$defs/unit"},
+        "where": {"$ref": "#/$defs/point"},
+        "same": {"$ref": "#/properties/unit"},
+        "id": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 3}]},
+        "kind": {"const": "fixed"},
+        "maybe": {"type": ["boolean", "null"]},
+        "both": {"allOf": [{"type": "string"}, {"enum": ["a", "b", 7]}]},
+        "short": {"type": "string", "minLength": 1, "maxLength": 4},
+        "list": {"type": "array", "items": {"$ref": "#/$defs/unit"}},
+    },
+    "required": ["kind"], "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("args, bad", [
+    ({"kind": "fixed"}, None),
+    ({"unit": "f", "kind": "fixed", "where": {"x": 1, "y": 2.5}, "same": "c"}, None),
+    ({"id": 12, "kind": "fixed", "maybe": None, "both": "b", "short": "abcd", "list": ["c", "f"]}, None),
+    ({"id": "abc", "kind": "fixed", "maybe": True}, None),
+    ({"kind": "fixed", "unit": "k"}, "k"),
+    ({"kind": "fixed", "same": "k"}, "k"),
+    ({"kind": "fixed", "id": "abcd"}, "abcd"),
+    ({"kind": "fixed", "id": -1}, "-1"),
+    ({"kind": "loose"}, "loose"),
+    ({"kind": "fixed", "short": "abcde"}, "abcde"),
+    ({"kind": "fixed", "both": "c"}, "c"),
+    ({"kind": "fixed", "where": {"x": 1}}, '{"x": 1}'),
+    ({"kind": "fixed", "list": ["c", "x"]}, '["c", "x"]'),
+])
+def test_schema_features(args: dict[str, Any], bad: str | None) -> None:
+    """References (to $defs and elsewhere), anyOf, const, type lists, allOf,
+    lengths and nested values: a call that fits is accepted, a value that
+    does not is refused inside its own text."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA_FEATURES}}
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "thinking": False}
+    message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": args}}]}
+    ps = pieces(K3, history, message)
+    grammar = K3.completion_grammar(history, vocab())
+    if bad is None:
+        accepts(grammar, ids_of(ps))
+        accepts(ebnf_to_lark(K3.completion_grammar(history, vocab(), format="xgrammar", max_calls=2)), ids_of(ps))
+        return
+    k = find(ps, [bad])
+    assert offset(ps, k) <= refused_at(grammar, ids_of(ps)) <= offset(ps, k + 1)
+
+
+def test_tool_without_parameters_and_the_responses_shape() -> None:
+    tools = [{"type": "function", "function": {"name": "free"}}, {"type": "function", "name": "flat"}]
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "thinking": False,
+               "tool_choice": {"type": "function", "name": "flat"}}
+    call = {"function": {"name": "flat", "arguments": {"a": [1, {"b": None}], "c": "text", "&\"": 1.5}}}
+    message: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
+    grammar = K3.completion_grammar(history, vocab())
+    accepts(grammar, ids_of(pieces(K3, history, message)))
+    assert "'flat'" in grammar.splitlines()[1] and "'free'" not in grammar.splitlines()[1]
+    two = {**message, "tool_calls": [call, call]}
+    accepts(grammar, ids_of(pieces(K3, history, two)))
+    one = K3.completion_grammar(history, vocab(), parallel_tool_calls=False)
+    ps = pieces(K3, history, two)
+    assert refused_at(one, ids_of(ps)) == offset(ps, find(ps, ["<|open|>", "call"], 1))
+
+
+def test_named_tool_choice_refuses_the_other_tool() -> None:
+    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+             for name in ("lookup", "log")]
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "thinking": False,
+               "tool_choice": {"type": "function", "function": {"name": "lookup"}}}
+    message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "log", "arguments": {}}}]}
+    ps = pieces(K3, history, message)
+    k = find(ps, [' tool', '="']) + 2
+    grammar = K3.completion_grammar(history, vocab())
+    assert refused_at(grammar, ids_of(ps)) == departure(ps, k, ["lookup"])
+    ok = {**message, "tool_calls": [{"function": {"name": "lookup", "arguments": {}}}] * 2}
+    accepts(grammar, ids_of(pieces(K3, history, ok)))
+    # One call at most without parallel calls: the second call's open marker departs.
+    one = K3.completion_grammar({**history, "parallel_tool_calls": False}, vocab())
+    ps2 = pieces(K3, history, ok)
+    assert refused_at(one, ids_of(ps2)) == offset(ps2, find(ps2, ["<|open|>", "call"], 1))
+
+
+def test_call_indexes_count_from_one() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "thinking": False}
+    call = {"function": {"name": "f", "arguments": {}}}
+    message: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call] * 3}
+    ps = pieces(K3, history, message)
+    grammar = K3.completion_grammar(history, vocab(), max_calls=3)
+    accepts(grammar, ids_of(ps))
+    k = find(ps, [" index", '="', "2"]) + 2
+    bad = list(ps)
+    bad[k] = piece(K3, "3")
+    assert refused_at(grammar, ids_of(bad)) == departure(bad, k, ["2"])
+    # A fourth call is one more than max_calls.
+    four = pieces(K3, history, {**message, "tool_calls": [call] * 6})
+    assert refused_at(grammar, ids_of(four)) == offset(four, find(four, ["<|open|>", "call"], 3))
+
+
+# -- a plugin's element ----------------------------------------------------------------
+
+CITES = st.builds(lambda s, t: {"type": "citation", "source": s, "text": t}, st.text(min_size=1, max_size=12),
+                  st.text(max_size=20))
+
+
+@SETTINGS
+@given(st.lists(st.one_of(CITES, st.builds(lambda t: {"type": "text", "text": t}, text())), max_size=4),
+       st.booleans(), st.data())
+def test_citation_elements_in_the_response(parts: list[dict[str, Any]], thinking: bool,
+                                           data: st.DataObject) -> None:
+    tpl = cited()
+    n, m = tpl.dialect.names, tpl.markers
+    history = {"messages": [{"role": "user", "content": "x"}], "thinking": thinking}
+    message = {"role": "assistant", "content": parts, "reasoning_content": "r"}
+    ps = pieces(tpl, history, message)
+    grammar = tpl.completion_grammar(history, vocab())
+    assert "cite" in grammar
+    accepts(grammar, ids_of(ps))
+    cites = sum(1 for p in parts if p["type"] == "citation")
+    bad = list(ps)
+    change = data.draw(st.sampled_from(["no-source", "attribute", "in-think"] if cites and thinking else
+                                       ["no-source", "attribute"] if cites else ["in-think"] if thinking else []),
+                       label="change") if (cites or thinking) else None
+    if change is None:
+        return
+    if change == "in-think":
+        # A citation where only text may stand.
+        k = find(ps, [m.close, n["think"], m.sep]) if ps[0].seg.text != m.open else find(ps, [m.sep]) + 1
+        el = pieces(tpl, history, {"role": "assistant", "content": [{"type": "citation", "source": "s",
+                                                                     "text": "t"}]})
+        start = find(el, [m.open, "cite"])
+        bad[k:k] = el[start : start + 11]
+        want = offset(bad, k)
+    elif change == "no-source":
+        j = data.draw(st.integers(0, cites - 1), label="citation")
+        k = find(ps, [" source", '="'], j) + 2
+        del bad[k]  # source=""
+        want = departure(bad, k, [])
+    else:
+        j = data.draw(st.integers(0, cites - 1), label="citation")
+        k = find(ps, [" source", '="'], j)
+        bad[k] = piece(tpl, " href")
+        want = departure(bad, k, [" source"])
+    assert refused_at(grammar, ids_of(bad)) == want, change
+
+
+def test_plugin_fragments_are_checked(tmp_path: Path) -> None:
+    from xtml.plugins.api import ContentExtension
+
+    class Bad(ContentExtension):
+        name = "bad"
+
+        def completion_grammar(self, names: Any) -> str:
+            return 'element: TEXT "x"\n'
+
+    tpl = cited()
+    d = tpl.dialect
+    import dataclasses
+
+    broken = dataclasses.replace(d, content=(*d.content, Bad()))
+    with pytest.raises(xtml.TemplateError, match=r"plugin 'bad'.*unexpected 'TEXT'"):
+        completion_grammar(broken, {"messages": [{"role": "user", "content": "x"}]})
+
+
+# -- options and errors ----------------------------------------------------------------
+
+
+def test_errors_name_their_place() -> None:
+    req = {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]}
+    with pytest.raises(xtml.RequestError, match=r"tools\[0\]"):
+        K3.completion_grammar(req)
+    ok = {"messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(xtml.OptionError, match="declares no tools"):
+        K3.completion_grammar({**ok, "tool_choice": "required"})
+    with pytest.raises(xtml.OptionError, match="does not declare"):
+        K3.completion_grammar({**ok, "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    with pytest.raises(xtml.OptionError, match="format"):
+        K3.completion_grammar(ok, format="gbnf")
+    with pytest.raises(xtml.TokenizerError, match="pass the tokenizer"):
+        K3.completion_grammar(ok, format="xgrammar")
+    with pytest.raises(xtml.TokenizerError, match="not a special token"):
+        K3.completion_grammar(ok, xtml.load_tokenizer(deepseek_path()))
+    with pytest.raises(xtml.MessageError, match=r"messages\[0\]"):
+        K3.completion_grammar({"messages": [{"role": "nobody", "content": "x"}]})
+
+
+def test_markers_by_id_and_wrapped_form() -> None:
+    req = {"messages": [{"role": "user", "content": "x"}], "thinking": False}
+    by_id = K3.completion_grammar(req, vocab(), token_refs="id")
+    ids = K3.bind(vocab()).marker_ids
+    rules = by_id.split("\n", 5)[-1]
+    assert "<|close|>" not in rules and f"<[{ids['<|close|>']}]>" in rules
+    ps = pieces(K3, req, {"role": "assistant", "content": "hi"})
+    accepts(by_id, ids_of(ps))
+    for form in (json.dumps({"grammars": [{"lark_grammar": by_id}]}), llguidance.grammar_from("lark", by_id)):
+        m = llguidance.LLMatcher(lltok(), form, log_level=0)
+        assert m.consume_tokens(ids_of(ps)) and m.is_accepting()
+
+
+def test_grammar_states_its_limits() -> None:
+    props = {f"k{i}": {"type": "string", "pattern": "^a"} for i in range(70)}
+    tool = {"type": "function", "function": {"name": "wide", "parameters": {
+        "type": "object", "properties": props, "required": ["k0"]}}}
+    req = {"messages": [{"role": "user", "content": "x"}], "tools": [tool]}
+    g = K3.completion_grammar(req, vocab())
+    assert "limit: tool 'wide': 70 arguments are more than 64" in g
+    assert "string pattern is not enforced" in g
+    x = K3.completion_grammar(req, vocab(), format="xgrammar")
+    assert x.startswith("# xtml completion grammar (xgrammar)") and "cannot express" in x
+    assert "limit: tool 'wide': 70 arguments are more than 6" in x
+
+
+# -- the xgrammar export, run through llguidance ---------------------------------------
+
+_EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|ExcludeToken\(([^)]*)\)|Token\((\d+)\)|'
+                         r'[A-Za-z_][A-Za-z0-9_.-]*|::=|[()|?*+]|\s+|#[^\n]*')
+
+
+def ebnf_to_lark(ebnf: str) -> str:
+    """xgrammar EBNF (as the export writes it) in llguidance's Lark: token
+    macros as token references, character classes as regexes, literals
+    respelled. Enough to run the export's rules through a real matcher."""
+    out = []
+    for line in ebnf.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = []
+        pos = 0
+        while pos < len(line):
+            mt = _EBNF_TOKEN.match(line, pos)
+            assert mt is not None, line[pos : pos + 40]
+            t = mt.group()
+            pos = mt.end()
+            if t.isspace() or t.startswith("#"):
+                continue
+            if t.startswith("ExcludeToken"):
+                parts.append("<[^" + ",".join(x.strip() for x in mt.group(1).split(",")) + "]>")
+            elif t.startswith("Token("):
+                parts.append(f"<[{mt.group(2)}]>")
+            elif t == "::=":
+                parts[-1] += ":"
+            elif t.startswith('"'):
+                body = t[1:-1]
+                s = re.sub(r'\\x([0-9a-fA-F]{2})|\\(.)',
+                           lambda x: chr(int(x.group(1), 16)) if x.group(1) else
+                           {"n": "\n", "t": "\t", "r": "\r"}.get(x.group(2), x.group(2)), body)
+                parts.append(json.dumps(s) if s else '""')
+            elif t.startswith("["):
+                parts.append("/" + t.replace("/", "\\/") + "/")
+            else:
+                parts.append(t.replace(".", "_").replace("-", "_"))
+        out.append(" ".join(parts))
+    lark = "\n".join(out).replace("root:", "start:", 1)
+    return "%llguidance {}\n" + lark + "\n"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([K3, BASE]).flatmap(cases), st.data())
+def test_xgrammar_export_accepts_and_refuses(case: Case, data: st.DataObject) -> None:
+    ps = pieces(case.tpl, case.history, case.message)
+    ebnf = completion_grammar(case.tpl, case.history, vocab(), format="xgrammar", max_calls=4)
+    grammar = ebnf_to_lark(ebnf)
+    accepts(grammar, ids_of(ps))
+    n, m = _names(case.tpl), case.tpl.markers
+    calls = case.message.get("tool_calls", [])
+    if not calls:
+        k = find(ps, [m.close, n["response"], m.sep]) + 1
+        bad = list(ps)
+        bad[k] = piece(case.tpl, n["tools"])
+        assert refused_at(grammar, ids_of(bad)) == departure(bad, k, [n["response"]])
+        return
+    j = data.draw(st.integers(0, len(calls) - 1), label="call")
+    k = find(ps, [" " + n["tool"], '="'], j) + 2
+    bad = list(ps)
+    bad[k] = piece(case.tpl, "z" + ps[k].seg.text)
+    assert refused_at(grammar, ids_of(bad)) == departure(bad, k, [])
+
+
+# -- the command line and the docs -----------------------------------------------------
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    import io
+    import sys
+
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        code = main(argv)
+    finally:
+        sys.stdout, sys.stderr = old
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_prints_what_llguidance_loads(tmp_path: Path) -> None:
+    req = {"messages": [{"role": "user", "content": "hi"}], "thinking": False,
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+               "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req))
+    code, out, err = run_cli(["export", "grammar", str(path), "--format", "llguidance", "--tokenizer",
+                              deepseek_path(), "--add-markers"])
+    assert code == 0, err
+    assert out == K3.completion_grammar(req, vocab())
+    message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}
+    accepts(out, ids_of(pieces(K3, req, message)))
+    code, out, err = run_cli(["export", "grammar", str(path), "--json"])
+    assert code == 0 and json.loads(out)["grammars"][0]["lark_grammar"] == K3.completion_grammar(req)
+    code, out, err = run_cli(["export", "grammar", str(path), "--format", "xgrammar", "-o", str(tmp_path / "g")])
+    assert code == 2 and "needs --tokenizer" in err
+    code, out, err = run_cli(["export", "grammar", str(path), "--format", "xgrammar", "--tokenizer",
+                              deepseek_path(), "--add-markers", "-o", str(tmp_path / "g.ebnf")])
+    assert code == 0 and (tmp_path / "g.ebnf").read_text().startswith("# xtml completion grammar (xgrammar)")
+    path.write_text(json.dumps({**req, "tool_choice": "sometimes"}))
+    code, out, err = run_cli(["export", "grammar", str(path)])
+    assert code == 1 and "tool_choice" in err and out == ""
+
+
+def test_docs_examples_run() -> None:
+    """Every ```python block of docs/grammar.md runs as written."""
+    run_examples("docs/grammar.md")

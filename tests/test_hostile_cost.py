@@ -1,0 +1,581 @@
+"""Hostile input: cost that grows faster than the input, and hostile templates.
+
+Each path gets a large-but-fast input (a few MB) that must complete, and a
+regression test of the instance that once cost quadratic time or crashed.
+Nothing here is timed: tests count work (index builds, parser calls, problem
+counts, message lengths), or run the old worst case in a subprocess whose
+generous timeout is only a guard (bench/bench_scale.py measures the slopes).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xtml
+import xtml.chat.dialect as dialect_mod
+from xtml.chat.dialect import (
+    MAX_NESTING,
+    MAX_PROBLEMS,
+    MAX_STRING_CHARS,
+    MAX_TEMPLATE_BYTES,
+    Body,
+    KeyIndex,
+    builtin_files,
+    check_text,
+)
+from xtml.chat.regex_check import RegexRisk, check_pattern
+from xtml.chat.request import MAX_CHARS, request_size
+from xtml.markup import grammar
+from xtml.markup.parse import QUOTE_LIMIT, build, excerpt, lex_text
+from xtml.template import Template
+from xtml.testing.validate import validate
+
+K3 = xtml.load("kimi-k3")
+K3_TEXT = builtin_files()["kimi-k3"].read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parent.parent
+# Longest an error message may be when it quotes hostile input: the quote is
+# cut to QUOTE_LIMIT characters, the rest is the message's own words.
+SHORT = 400
+
+
+def fresh() -> Template:
+    """A template of its own, so that setting limits leaves the shared one alone."""
+    return Template(K3.dialect)
+
+
+def run_guarded(code: str, timeout: float = 120) -> str:
+    """Run ``code`` in a fresh interpreter; the timeout only guards against
+    the quadratic behaviour coming back (which takes many minutes there)."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    for n in range(turns):
+        body = f"({n}) Streaming parsers read model output as it is generated. " * 4
+        msgs += [{"role": "user", "content": body},
+                 {"role": "assistant", "content": body,
+                  "tool_calls": [{"id": "c1", "type": "function",
+                                  "function": {"name": "search", "arguments": {"q": f"query {n}"}}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": f"result {n}"}]
+    return msgs
+
+
+# -- large but fast: each path completes on a few MB -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big() -> tuple[dict[str, Any], str]:
+    req = {"messages": conversation(3000), "add_generation_prompt": False}
+    return req, K3.render(req).text
+
+
+def test_render_and_strict_text_parse_of_two_megabytes(big: tuple[dict[str, Any], str]) -> None:
+    req, text = big
+    assert len(text) > 2_000_000
+    assert K3.parse(text) == K3.normalize(req)
+
+
+def test_encode_and_parse_ids_of_two_megabytes(big: tuple[dict[str, Any], str]) -> None:
+    from tests.conftest import k3_vocab
+
+    req, _ = big
+    vocab = k3_vocab()
+    ids = K3.encode(req, vocab)
+    assert K3.parse(ids, vocab) == K3.normalize(req)
+
+
+def test_lenient_parse_of_a_body_split_by_stray_markers() -> None:
+    k = 40_000
+    text = ('<|open|>message role="user"<|sep|>' + "x" * 42 + "<|sep|>" + ("y" * 42 + "<|sep|>") * k
+            + "<|close|>message<|sep|><|end_of_msg|>")
+    got = K3.parse(text, lenient=True)
+    content = got["messages"][0]["content"]
+    assert content == "x" * 42 + "<|sep|>" + ("y" * 42 + "<|sep|>") * k
+    assert len(got["diagnostics"]) == k + 1
+    assert all(len(d["message"]) < SHORT for d in got["diagnostics"])
+
+
+def test_normalize_one_image_and_many_text_parts() -> None:
+    parts = [{"type": "image"}] + [{"type": "text", "text": f"p{i} "} for i in range(100_000)]
+    got = K3.normalize({"messages": [{"role": "user", "content": parts}]})
+    content = got["messages"][0]["content"]
+    assert content[0]["type"] == "image"
+    assert content[1] == {"type": "text", "text": "".join(f"p{i} " for i in range(100_000))}
+    assert len(content) == 2
+
+
+def test_image_prompt_of_two_megabytes_is_matched() -> None:
+    prompt = "<|media_begin|>image 28x28<|media_content|>" + "<|media_pad|>" * 150_000 + "<|media_end|>"
+    req = {"messages": [{"role": "user", "content": [{"type": "image"}]}], "image_prompts": [prompt]}
+    assert prompt in K3.render(req).text
+
+
+def test_template_of_a_megabyte_of_unknown_keys_is_checked() -> None:
+    line = "unknown_key_{} = 1\n"
+    n = (MAX_TEMPLATE_BYTES - len(K3_TEXT)) // len(line.format(99999)) - 10
+    text = K3_TEXT.replace("[template]\n", "[template]\n" + "".join(line.format(i) for i in range(n)), 1)
+    assert len(text) <= MAX_TEMPLATE_BYTES
+    d, problems = check_text(text, "big.toml")
+    assert d is None
+    assert len(problems) == MAX_PROBLEMS + 1
+    assert problems[0].line == K3_TEXT[: K3_TEXT.index("[template]")].count("\n") + 2
+    assert problems[-1].message == f"{n - MAX_PROBLEMS:,} more problems not listed"
+
+
+# -- regression: the quadratic joins (guarded subprocesses) --------------------------------
+
+
+def test_lenient_join_stays_linear() -> None:
+    # 600,000 pieces: joining with += copied the body again for each one
+    # (minutes); one join takes seconds.
+    out = run_guarded("""
+        import xtml
+        k3 = xtml.load("kimi-k3")
+        k = 600_000
+        text = '<|open|>message role="user"<|sep|>' + "ab<|sep|>" * k + '<|close|>message<|sep|><|end_of_msg|>'
+        got = k3.parse(text, lenient=True)
+        print(len(got["messages"][0]["content"]))
+    """)
+    assert int(out) == 600_000 * len("ab<|sep|>")
+
+
+def test_normal_form_join_stays_linear() -> None:
+    out = run_guarded("""
+        import xtml
+        k3 = xtml.load("kimi-k3")
+        parts = [{"type": "image"}] + [{"type": "text", "text": "ab"}] * 2_000_000
+        got = k3.normalize({"messages": [{"role": "user", "content": parts}]})
+        print(len(got["messages"][0]["content"][1]["text"]))
+    """)
+    assert int(out) == 4_000_000
+
+
+# -- regression: strict text parse without per-header Lark runs ---------------------------
+
+
+def test_strict_text_parse_runs_no_header_parser(monkeypatch: pytest.MonkeyPatch, big: tuple[dict[str, Any], str]
+                                                 ) -> None:
+    calls = []
+    real = grammar.header_parser
+
+    def counting(strict: bool = False) -> Any:
+        calls.append(strict)
+        return real(strict)
+
+    monkeypatch.setattr(grammar, "header_parser", counting)
+    _, text = big
+    grammar.parse_lexemes(lex_text(text[:200_000].rpartition("<|end_of_msg|>")[0] + "<|end_of_msg|>",
+                                   K3.markers))
+    bad = '<|open|>message role="' + "a&amp;" * 10_000 + "<|sep|>x<|close|>message<|sep|><|end_of_msg|>"
+    with pytest.raises(xtml.ParseError):
+        grammar.parse_lexemes(lex_text(bad, K3.markers), source=bad)
+    assert calls == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
+def test_long_headers_take_memory_linear_in_them() -> None:
+    # The header patterns kept backtracking state per character of a value
+    # (170 bytes each); possessive repeats keep none. Peak resident memory
+    # is read in a fresh process, with its high-water mark reset first.
+    out = run_guarded("""
+        import re
+        from pathlib import Path
+        from xtml.markup.grammar import _header_stop
+        from xtml.markup.header import parse_header
+
+        def high_water() -> int:
+            return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+        n = 20_000_000
+        valid = 'message role="' + "a&amp;" * (n // 6) + '"'
+        broken = valid[:-1]
+        Path("/proc/self/clear_refs").write_text("5")
+        base = high_water()
+        assert parse_header(valid) is not None and parse_header(broken) is None
+        _header_stop(broken)
+        print((high_water() - base) / n)
+    """)
+    assert float(out) < 10
+
+
+def test_malformed_header_error_is_located_in_the_document() -> None:
+    text = ('<|open|>message role="user"<|sep|>hi\n<|close|>message<|sep|><|end_of_msg|>'
+            '<|open|>message role="us"er"<|sep|>x<|close|>message<|sep|><|end_of_msg|>')
+    with pytest.raises(xtml.ParseError, match="malformed tag header") as e:
+        K3.parse(text)
+    # Line 2, where the header stops being one: its offset inside the header
+    # is added to where the header starts, not taken as a document offset.
+    assert (e.value.line, e.value.column) == (2, text.split("\n")[1].index('er"') + 1)
+
+
+# -- regression: quoted input in errors is capped --------------------------------------------
+
+
+@pytest.mark.parametrize("lenient", [False, True])
+def test_errors_quote_at_most_a_few_dozen_characters(lenient: bool) -> None:
+    huge = "a" * 3_000_000
+    cases = [
+        '<|open|>message role="' + huge + "<|sep|>x<|close|>message<|sep|><|end_of_msg|>",  # malformed header
+        "<|open|>" + huge + "<|sep|>x<|close|>b<|sep|><|end_of_msg|>",  # mismatched close
+        "<|open|>m<|sep|>x<|close|>" + huge + "<|sep|><|end_of_msg|>",
+        huge,  # stray text
+        "<|open|>m<|sep|><|close|>m " + huge + '="v"<|sep|><|end_of_msg|>',  # close tag with attributes
+    ]
+    for text in cases:
+        if lenient:
+            doc = build(lex_text(text, K3.markers), lenient=True)
+            assert doc.diagnostics and all(len(d.message) < SHORT for d in doc.diagnostics), doc.diagnostics
+        else:
+            with pytest.raises(xtml.ParseError) as e:
+                K3.parse(text)
+            assert len(str(e.value)) < SHORT
+
+
+def test_excerpt() -> None:
+    assert excerpt("abc") == "'abc'"
+    cut = excerpt("x" * 1000)
+    assert cut.endswith("…") and len(cut) == QUOTE_LIMIT + 2
+    assert len(excerpt(list(range(1000)))) == QUOTE_LIMIT
+
+
+def test_template_problems_quote_little() -> None:
+    key = "k" * 50_000
+    text = K3_TEXT.replace("[template]\n", f"[template]\n{key} = 1\n", 1)
+    _, problems = check_text(text, "t.toml")
+    assert problems and len(problems[0].message) < SHORT and len(problems[0].where("t.toml")) < SHORT
+
+
+# -- regression: problems located against one line index -------------------------------------
+
+
+def test_problems_are_located_with_one_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[int] = []
+
+    class Counting(KeyIndex):
+        def __init__(self, text: str) -> None:
+            built.append(len(text))
+            super().__init__(text)
+
+    monkeypatch.setattr(dialect_mod, "KeyIndex", Counting)
+    text = K3_TEXT.replace("[template]\n", "[template]\n" + "".join(f"u{i} = 1\n" for i in range(150)), 1)
+    _, problems = check_text(text, "t.toml")
+    assert len(problems) == 150 and len(built) == 1
+    first = K3_TEXT[: K3_TEXT.index("[template]")].count("\n") + 2
+    assert [p.line for p in problems] == list(range(first, first + 150))
+
+
+def test_key_index_agrees_with_a_plain_search() -> None:
+    index = KeyIndex(K3_TEXT)
+    lines = K3_TEXT.splitlines()
+    assert index.locate("markers.open") == (next(i for i, s in enumerate(lines, 1) if s.startswith("open =")), 1)
+    assert index.locate("markers.embed_begin[0]") == index.locate("markers.embed_begin")
+    assert index.locate("markers.nope") == index.locate("markers")
+    assert index.locate("nope.at.all") is None
+
+
+# -- regression: template regular expressions that backtrack ---------------------------------
+
+GOOD = [
+    r"^<\|media_begin\|>image (?P<width>[0-9]+)x(?P<height>[0-9]+)<\|media_content\|>(?:<\|media_pad\|>)*"
+    r"<\|media_end\|>$",
+    r"^[0-9]+x[0-9]+$", r"^\d+\.\d+$", r"^\w+\s\w+$", r"^.*$", r"(?!)", r"^(?:ab|cd)+$", r"^(?:a|bc)+$",
+    r"(?:[0-9]+,)*[0-9]+", r"^a{2,5}b$", r"(?i)^img\d+$", r"^x(?=y)y", r"^[^,]*,[^,]*$",
+]
+BAD = [
+    (r"^(a|aa)+$", "two ways"), (r"^(a+)+$", "two ways"), (r"(a*)*b", "two ways"), (r"(a|a)*b", "two ways"),
+    (r"^(\w+\s?)*$", "two ways"), (r"^(?:a{1,3})+$", "two ways"), (r".*x.*y", "quadratic"),
+    (r"^\d+\d+$", "quadratic"), (r"^(.*),(.*)$", "quadratic"), (r"\s*\w*\s*x", "quadratic"),
+    (r"(a)\1", "backreference"), (r"(?P<n>a)(?P=n)", "backreference"), (r"(a)?(?(1)b|c)", "backreference"),
+    (r"(?=.*x)", "lookahead"), (r"(?:a{1000}){1000}", "too large"),
+]
+
+
+@pytest.mark.parametrize("pattern", GOOD)
+def test_linear_patterns_pass(pattern: str) -> None:
+    check_pattern(pattern)
+
+
+@pytest.mark.parametrize("pattern, why", BAD)
+def test_backtracking_patterns_are_refused(pattern: str, why: str) -> None:
+    with pytest.raises(RegexRisk, match=why):
+        check_pattern(pattern)
+
+
+def _with_prompt(tmp_path: Path, pattern: str) -> Path:
+    text = re.sub(r"(?m)^prompt = '.*'$", lambda _: f"prompt = '{pattern}'", K3_TEXT, count=1)
+    path = tmp_path / "t.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_template_with_a_backtracking_prompt_is_refused(tmp_path: Path) -> None:
+    path = _with_prompt(tmp_path, "^(a|aa)+$")
+    line = next(i for i, s in enumerate(path.read_text().splitlines(), 1) if s.startswith("prompt ="))
+    with pytest.raises(xtml.TemplateError, match="grows faster than its input") as e:
+        xtml.load(path)
+    assert f"{path}:{line}:1: plugins.image.prompt" in str(e.value)
+    report = validate(path, examples=0)
+    assert [(f.line, f.key) for f in report.findings] == [(line, "plugins.image.prompt")]
+
+
+def test_shipped_templates_pass_the_regex_check() -> None:
+    for name in ("kimi-k3", "xtml-base"):
+        check_pattern(xtml.load(name).dialect.image_prompt.pattern)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab()[]|*+?{},.^$\\dws-:=!<>P1", max_size=20))
+def test_check_pattern_ends_in_a_verdict(pattern: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "possible nested set" and the like
+        try:
+            re.compile(pattern)
+        except (re.error, OverflowError, RecursionError):
+            return
+        try:
+            check_pattern(pattern)
+        except RegexRisk:
+            pass
+
+
+# -- internal message bodies: matched without a regular expression ----------------------------
+
+
+def _reference(source: str, text: str) -> dict[str, str] | None:
+    rx, pos = [], 0
+    for m in re.finditer(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}", source):
+        rx.append(re.escape(source[pos : m.start()]))
+        tok = m.group(0)
+        rx.append(re.escape(tok[0]) if tok in ("{{", "}}") else f"(?P<{m.group(1)}>.*)")
+        pos = m.end()
+    rx.append(re.escape(source[pos:]))
+    pat = re.compile("".join(rx), re.DOTALL)
+    got = pat.fullmatch(text)
+    if got is None and text != text.strip():
+        got = pat.fullmatch(text.strip())
+    return None if got is None else got.groupdict()
+
+
+piece = st.lists(st.sampled_from(["x", "y", " ", "{{", "}}", "\n"]), max_size=4).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.permutations(["a", "b", "c"]).flatmap(lambda names: st.integers(0, 3).map(lambda k: names[:k])),
+       st.lists(piece, min_size=4, max_size=4), st.text(alphabet="xy{} \n", max_size=12), st.booleans(),
+       st.lists(st.text(alphabet="xy{} ", max_size=4), min_size=3, max_size=3))
+def test_body_match_is_the_regular_expression_match(names: list[str], parts: list[str], text: str, rendered: bool,
+                                                    values: list[str]) -> None:
+    source = parts[0] + "".join("{" + n + "}" + parts[i + 1] for i, n in enumerate(names))
+    body = Body.compile(source, "")
+    if rendered:
+        text = body.render(**dict(zip(names, values)))
+    assert body.match(text) == _reference(source, text)
+
+
+def test_body_match_of_a_huge_text_is_linear() -> None:
+    body = K3.dialect.system["tool-declare"].body
+    tools = "[" + ",".join(['{"x": 1}'] * 200_000) + "]"
+    assert body.match(body.render(tools=tools)) == {"tools": tools}
+
+
+# -- the size limit -------------------------------------------------------------------------
+
+
+def test_request_size_limit() -> None:
+    t = fresh()
+    req = {"messages": [{"role": "user", "content": "hello world"}]}
+    assert t.max_chars == MAX_CHARS == 64 << 20
+    with pytest.raises(xtml.RequestError, match=r"at least \d+ characters, more than max_chars=10"):
+        t.render(req, max_chars=10)
+    t.max_chars = 10
+    for call in (t.render, t.normalize, t.document):
+        with pytest.raises(xtml.RequestError, match="max_chars=10"):
+            call(req)
+    assert t.render(req, max_chars=1000).text
+    t.max_chars = None
+    assert t.render(req).text
+    # The request cannot set its own limit.
+    with pytest.raises(xtml.RequestError):
+        t.render({**req, "max_chars": 10**9})
+    with pytest.raises(xtml.RequestError):
+        t.render({**req, "chat_template_kwargs": {"max_chars": 10**9}})
+
+
+def test_request_size_counts_every_string() -> None:
+    req = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 1000}]}],
+           "tools": [{"type": "function", "function": {"name": "f" * 500}}]}
+    assert request_size(req, 10**9) > 1500
+    assert request_size(req, 100) > 100
+    shared = {"role": "user", "content": "y" * 100}
+    assert request_size({"messages": [shared] * 1000}, 10**9) > 100_000
+
+
+def test_request_that_contains_itself_ends_in_an_error() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    assert request_size(loop, 10**9) <= 10 * sys.getrecursionlimit()
+    with pytest.raises(xtml.RequestError):
+        K3.render({"messages": [{"role": "user", "content": loop}]})
+
+
+def test_parse_size_limit() -> None:
+    t = fresh()
+    text = '<|open|>message role="user"<|sep|>hi\n<|close|>message<|sep|><|end_of_msg|>' * 3
+    assert t.parse(text)["messages"]
+    with pytest.raises(xtml.ParseError, match=f"{len(text):,} characters long, more than max_chars=100") as e:
+        t.parse(text, max_chars=100)
+    assert (e.value.offset, e.value.line) == (100, 2)
+    with pytest.raises(xtml.ParseError, match="max_chars=100"):
+        t.parse(text, max_chars=100, lenient=True)
+    t.max_chars = 5
+    with pytest.raises(xtml.ParseError, match="token ids long"):
+        t.parse(list(range(10)), object())
+    assert t.parse(text, max_chars=10**6)["messages"]
+
+
+# -- templates: nesting, sizes, hostile files -------------------------------------------------
+
+
+def _write(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "t.toml"
+    path.write_text(K3_TEXT + "\n" + extra, encoding="utf-8")
+    return path
+
+
+HOSTILE = {
+    "deep array": ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested more than"),
+    "deep inline table": ("x = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n", "nested more than"),
+    "deep table": ("[" + ".".join(["a"] * 50_000) + "]\nb = 1\n", "dotted parts"),
+    "deep dotted key": (".".join(["a"] * 50_000) + " = 1\n", "dotted parts"),
+    "deep numeric key": (".".join(["1"] * 50_000) + " = 1\n", "dotted parts"),
+    "huge string": ('x = "' + "a" * (MAX_STRING_CHARS + 10) + '"\n', "string longer than"),
+    "huge multi-line string": ('x = """' + "a\n" * MAX_STRING_CHARS + '"""\n', "string longer than"),
+    "huge key": ("a" * (MAX_STRING_CHARS + 10) + " = 1\n", "key longer than"),
+    "huge file": ("# " + "x" * MAX_TEMPLATE_BYTES + "\n", "characters long, more than"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_template_is_a_located_template_error(tmp_path: Path, name: str) -> None:
+    extra, message = HOSTILE[name]
+    path = _write(tmp_path, extra)
+    with pytest.raises(xtml.TemplateError, match=message) as e:
+        xtml.load(path)
+    assert str(path) in str(e.value) and len(str(e.value)) < SHORT
+    if name != "huge file":
+        assert f"{path}:{K3_TEXT.count(chr(10)) + 2}:" in str(e.value)
+
+
+def test_validate_reports_a_deep_template_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from xtml.cli.main import main
+
+    path = _write(tmp_path, "x = " + "[" * 3000 + "]" * 3000 + "\n")
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr()
+    problems = [line for line in out.out.splitlines() if line.startswith(str(path) + ":")]
+    assert len(problems) == 2 and "nested more than" in problems[0] and "1 problem" in problems[1]
+    assert "Traceback" not in out.err and len(out.err.splitlines()) <= 1
+
+
+def _nested(depth: int, kind: str) -> str:
+    if kind == "array":
+        return "[" * depth + "1" + "]" * depth
+    return "{a = " * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("kind", ["array", "table"])
+def test_nesting_within_the_limit_is_read(kind: str) -> None:
+    text = K3_TEXT + "\n[plugins.image.deep]\n"  # read as TOML, then refused as an unknown key
+    ok = text + f"x = {_nested(MAX_NESTING - 6, kind)}\n"
+    assert dialect_mod._toml_bounds(ok) is None
+    tomllib.loads(ok)
+    deep = text + f"x = {_nested(MAX_NESTING + 1, kind)}\n"
+    bound = dialect_mod._toml_bounds(deep)
+    assert bound is not None and "nested more than" in bound.message
+
+
+toml_scalar = st.one_of(st.integers(-5, 5), st.booleans(), st.text(alphabet='ab"\\\'[]{}#=.,\n ', max_size=6),
+                        st.floats(allow_nan=False, allow_infinity=False, width=32))
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f'"{k}".x = {_toml_value(x)}' for k, x in v.items()) + "}"
+    return repr(v)
+
+
+def _depth(v: Any) -> int:
+    if isinstance(v, list):
+        return 1 + max((_depth(x) for x in v), default=0)
+    if isinstance(v, dict):
+        return 2 + max((_depth(x) for x in v.values()), default=0)
+    return 0
+
+
+toml_values = st.recursive(toml_scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "b.c", "]"]), inner, max_size=2)),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(toml_values)
+def test_bounds_scan_agrees_with_the_toml_reader(value: Any) -> None:
+    text = f"[t]\nk.v = {_toml_value(value)}\n# [[[ {{{{ \"\n"
+    assert tomllib.loads(text)["t"]["k"]["v"] is not None
+    bound = dialect_mod._toml_bounds(text)
+    depth = 3 + _depth(value)
+    if depth <= MAX_NESTING - 1:
+        assert bound is None, (text, bound)
+    elif depth > MAX_NESTING + 1:
+        assert bound is not None
+
+
+# -- random and mutated template files: only TemplateError ----------------------------------
+
+TOML_BITS = ["[", "]", "[[", "]]", "{", "}", "=", ",", ".", '"', "'", '"""', "'''", "\n", "#", " ", "a", "1",
+             "true", "x.y", "[plugins.image]", "prompt = ", "(a|aa)+", "\\", "[markers]", "open = "]
+
+
+@st.composite
+def template_texts(draw: st.DrawFn) -> str:
+    if draw(st.booleans()):
+        return "".join(draw(st.lists(st.sampled_from(TOML_BITS), max_size=60)))
+    name = draw(st.sampled_from(["kimi-k3", "xtml-base"]))
+    text = builtin_files()[name].read_text(encoding="utf-8")
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(text)))
+        cut = draw(st.integers(0, 40))
+        text = text[:at] + "".join(draw(st.lists(st.sampled_from(TOML_BITS), max_size=4))) + text[at + cut:]
+    return text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(template_texts())
+def test_random_template_files_load_or_raise_template_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "random.toml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        xtml.load(path)
+    except xtml.TemplateError as e:
+        assert len(str(e)) < 2000

@@ -1,0 +1,633 @@
+"""``xtml serve``: the real openai SDK against the gateway under uvicorn on
+the loopback address, in front of a stand-in engine of each kind
+(tests/backends.py) that answers with chosen completion ids.
+
+What is checked: the engine gets exactly ``template.encode(request)`` and
+the fields of its own wire format; the SDK's ChatCompletion, and the deltas
+of a stream joined, are what xtml's batch parse of the same ids gives; bad
+requests are 400s naming where, a backend that is down, slow or answering
+garbage is a 502 or 504 (or, once a stream has started, an error event the
+SDK raises); a client that leaves cancels the engine's request; a request
+that constrains the output sends the engine the completion grammar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import llguidance
+import openai
+import pytest
+
+import xtml
+from tests.backends import StandIn, closed_port, running
+from tests.conftest import k3_vocab
+from xtml import testing as xt
+from xtml.cli import serve as serve_cli
+from xtml.cli.main import main as xtml_main
+from xtml.serving import backends
+from xtml.serving.gateway import create_app
+from xtml.serving.openai import shape_message
+
+K3 = xtml.load("kimi-k3")
+KINDS = ("vllm", "sglang", "llamacpp")
+THINKING = K3.dialect.thinking_default
+
+SEARCH = {"type": "function", "function": {
+    "name": "search", "description": "Search the web.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}},
+                   "required": ["q"]}}}
+CALC = {"type": "function", "function": {
+    "name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}
+REQUEST: dict[str, Any] = {"messages": [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "Find the XTML spec, then add 2 and 2."}],
+                           "tools": [SEARCH, CALC]}
+
+
+def vocab() -> xtml.Vocabulary:
+    return k3_vocab()
+
+
+def answer_of(message: dict[str, Any]) -> list[int]:
+    """The ids a model generates for ``message`` after the generation prompt."""
+    case = xt.completion_case(K3, {**REQUEST, "messages": [*REQUEST["messages"], message]}, vocab())
+    assert case is not None
+    return case[0]
+
+
+# What the stand-in engines answer: reasoning and text; calls; marker
+# literals inside reasoning, text and argument values (text, never markup);
+# a json block.
+MESSAGES: dict[str, dict[str, Any]] = {
+    "text": {"role": "assistant", "reasoning_content": "Easy.", "content": "Four, and the spec is at xtml.dev."},
+    "calls": {"role": "assistant", "reasoning_content": "Look it up.", "content": "",
+              "tool_calls": [
+                  {"type": "function", "function": {"name": "search",
+                                                    "arguments": json.dumps({"q": "xtml \"spec\"", "limit": 5})}},
+                  {"type": "function", "function": {"name": "calc", "arguments": json.dumps({"expr": "2+2"})}}]},
+    "literals": {"role": "assistant", "reasoning_content": "Think <|close|>think<|sep|> é",
+                 "content": "Use <|open|>tools<|sep|> \"quoted\"\n",
+                 "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": json.dumps(
+                     {"q": "a<|close|>argument<|sep|>\"\\\n<|end_of_msg|>", "limit": -3})}}]},
+    "json-block": {"role": "assistant", "content": "",
+                   "tool_calls": [{"type": "function", "function": {"name": "calc",
+                                                                    "arguments": "not JSON <|end_of_msg|>"}}]},
+}
+ANSWERS = {k: answer_of(m) for k, m in MESSAGES.items()}
+
+
+def expected(ids: list[int]) -> dict[str, Any]:
+    """What xtml's batch parse makes of ids, in OpenAI's shape (call ids
+    left out: they are random)."""
+    shaped = shape_message(K3.parse(ids, vocab(), completion=True, lenient=True, thinking=THINKING))
+    m = shaped.message
+    return {"content": m["content"] or "", "reasoning_content": m.get("reasoning_content", ""),
+            "calls": [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls", ())],
+            "finish_reason": shaped.finish_reason, "diagnostics": sorted(d["kind"] for d in shaped.diagnostics)}
+
+
+def got_whole(r: Any) -> dict[str, Any]:
+    choice = r.choices[0]
+    m = choice.message
+    calls = m.tool_calls or []
+    assert all(c.id.startswith("call_") for c in calls)
+    assert len({c.id for c in calls}) == len(calls)
+    return {"content": m.content or "", "reasoning_content": (m.model_extra or {}).get("reasoning_content", ""),
+            "calls": [(c.function.name, c.function.arguments) for c in calls],
+            "finish_reason": choice.finish_reason,
+            "diagnostics": sorted(d["kind"] for d in (choice.model_extra or {})["xtml_diagnostics"])}
+
+
+def got_stream(chunks: list[Any]) -> dict[str, Any]:
+    """What a client assembles from the chunks of a stream."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, list[str]] = {}
+    ids: dict[int, str] = {}
+    finish: list[str] = []
+    diags: list[str] = []
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1
+    for c in chunks:
+        if not c.choices:
+            continue
+        ch = c.choices[0]
+        assert not finish, "a chunk after the one with finish_reason"
+        d = ch.delta
+        content.append(d.content or "")
+        reasoning.append((d.model_extra or {}).get("reasoning_content") or "")
+        for tc in d.tool_calls or ():
+            if tc.id is not None:
+                assert tc.index not in calls
+                ids[tc.index] = tc.id
+                calls[tc.index] = [tc.function.name, ""]
+            calls[tc.index][1] += tc.function.arguments or ""
+        if ch.finish_reason is not None:
+            finish.append(ch.finish_reason)
+            diags = sorted(x["kind"] for x in (ch.model_extra or {})["xtml_diagnostics"])
+    assert len(finish) == 1
+    assert all(i.startswith("call_") for i in ids.values())
+    return {"content": "".join(content), "reasoning_content": "".join(reasoning),
+            "calls": [tuple(calls[k]) for k in sorted(calls)], "finish_reason": finish[0], "diagnostics": diags}
+
+
+class Rig:
+    """A stand-in engine and a gateway in front of it."""
+
+    def __init__(self, kind: str, **options: Any) -> None:
+        self.kind = kind
+        self.engine = StandIn(kind, eog=K3.bind(vocab()).stop_ids, vocab_size=vocab().size)
+        self._backend = running(self.engine)
+        self.backend = self._backend.__enter__()
+        self._gateway = running(create_app(K3, vocab(), options.pop("url", self.backend.url), kind=kind,
+                                           **options))
+        self.gateway = self._gateway.__enter__()
+        self.url = self.gateway.url
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=30)
+
+    def close(self) -> None:
+        self.client.close()
+        self._gateway.__exit__(None, None, None)
+        self._backend.__exit__(None, None, None)
+
+    def prompt(self, k: int = -1) -> list[int]:
+        body = self.engine.requests[k]
+        return list(body["input_ids"] if self.kind == "sglang" else body["prompt"])
+
+    def post(self, body: Any, timeout: float = 30) -> httpx.Response:
+        return httpx.post(self.url + "/v1/chat/completions", json=body, timeout=timeout)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    r = Rig(request.param)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def vllm() -> Iterator[Rig]:
+    r = Rig("vllm")
+    yield r
+    r.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(request: pytest.FixtureRequest) -> None:
+    if "rig" in request.fixturenames:
+        request.getfixturevalue("rig").engine.reset()
+
+
+# -- the whole path ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_whole_completion(rig: Rig, name: str) -> None:
+    # The engine generates on past the end marker; the stop id ends it.
+    rig.engine.answer = [*ANSWERS[name], 100, 200]
+    r = rig.client.chat.completions.create(model="kimi-k3", **REQUEST)
+    assert rig.prompt() == K3.encode(REQUEST, vocab())
+    sent = rig.engine.sent[-1]
+    assert got_whole(r) == expected(sent)
+    assert r.model == "kimi-k3" and r.object == "chat.completion"
+    assert r.usage is not None
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(rig.prompt()), len(sent))
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_streamed_completion(rig: Rig, name: str) -> None:
+    rig.engine.answer = [*ANSWERS[name], 100, 200]
+    chunks = list(rig.client.chat.completions.create(model="kimi-k3", stream=True,
+                                                     stream_options={"include_usage": True}, **REQUEST))
+    assert rig.prompt() == K3.encode(REQUEST, vocab())
+    sent = rig.engine.sent[-1]
+    want = expected(sent)
+    assert got_stream(chunks) == want
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (len(rig.prompt()), len(sent))
+    # Token by token: each engine event is its own chunk (or none).
+    assert len(chunks) <= len(sent) + 3
+
+
+def test_stream_is_server_sent_events_as_openai_sends_them(rig: Rig) -> None:
+    rig.engine.answer = ANSWERS["text"]
+    with httpx.stream("POST", rig.url + "/v1/chat/completions", json={**REQUEST, "stream": True},
+                      timeout=30) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        raw = resp.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for e in events[:-2]:
+        assert e.startswith("data: {") and "\n" not in e
+        chunk = json.loads(e[len("data: "):])
+        assert chunk["object"] == "chat.completion.chunk" and "usage" not in chunk
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cut_off_by_the_token_limit(rig: Rig, stream: bool) -> None:
+    """The engine stops at max_tokens inside a call: finish_reason length,
+    and the call cut is withheld."""
+    rig.engine.answer = ANSWERS["calls"]
+    limit = len(ANSWERS["calls"]) - 12
+    if stream:
+        chunks = list(rig.client.chat.completions.create(model="kimi-k3", stream=True, max_completion_tokens=limit,
+                                                         **REQUEST))
+        got = got_stream(chunks)
+        # A withheld call's start went out; it never gets its closing brace.
+        got["calls"] = got["calls"][:1]
+    else:
+        got = got_whole(rig.client.chat.completions.create(model="kimi-k3", max_completion_tokens=limit,
+                                                           **REQUEST))
+    sent = rig.engine.sent[-1]
+    assert len(sent) == limit
+    want = expected(sent)
+    assert want["finish_reason"] == "length" and "withheld-call" in want["diagnostics"]
+    assert len(want["calls"]) == 1
+    assert got == want
+
+
+def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
+    rig.engine.answer = ANSWERS["text"]
+    rig.client.chat.completions.create(model="kimi-k3", temperature=0.5, top_p=0.9, seed=7, stop=["END"],
+                                       max_tokens=50, presence_penalty=0.1, frequency_penalty=0.2,
+                                       extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                                                   "some_engine_field": {"x": 1}},
+                                       **REQUEST)
+    body = rig.engine.requests[-1]
+    stop_ids = list(K3.bind(vocab()).stop_ids)
+    if rig.kind == "vllm":
+        assert body["prompt"] == K3.encode(REQUEST, vocab())
+        assert body["return_token_ids"] is True and body["skip_special_tokens"] is False
+        assert body["stop_token_ids"] == stop_ids and body["stream"] is False
+        assert {k: body[k] for k in ("temperature", "top_p", "seed", "stop", "max_tokens", "presence_penalty",
+                                     "frequency_penalty", "top_k", "min_p", "repetition_penalty")} == {
+            "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["END"], "max_tokens": 50,
+            "presence_penalty": 0.1, "frequency_penalty": 0.2, "top_k": 20, "min_p": 0.05,
+            "repetition_penalty": 1.1}
+        assert "model" not in body and "structured_outputs" not in body
+    elif rig.kind == "sglang":
+        sp = body["sampling_params"]
+        assert sp == {"stop_token_ids": stop_ids, "skip_special_tokens": False, "temperature": 0.5, "top_p": 0.9,
+                      "sampling_seed": 7, "stop": ["END"], "max_new_tokens": 50, "presence_penalty": 0.1,
+                      "frequency_penalty": 0.2, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
+        assert body["stream"] is False
+    else:
+        assert body["return_tokens"] is True
+        assert {k: body[k] for k in ("temperature", "top_p", "seed", "stop", "n_predict", "presence_penalty",
+                                     "frequency_penalty", "top_k", "min_p", "repeat_penalty")} == {
+            "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["END"], "n_predict": 50,
+            "presence_penalty": 0.1, "frequency_penalty": 0.2, "top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1}
+        # llama.cpp has no stop ids: the gateway reads a stream and stops at the end marker.
+        assert body["stream"] is True
+    assert "some_engine_field" not in json.dumps(body)
+
+
+def test_model_names(vllm: Rig) -> None:
+    vllm.engine.answer = ANSWERS["text"]
+    assert [m.id for m in vllm.client.models.list().data] == ["kimi-k3"]
+    r = vllm.client.chat.completions.create(model="anything", **REQUEST)
+    assert r.model == "kimi-k3" and "model" not in vllm.engine.requests[-1]
+    named = Rig("vllm", backend_model="org/k3-7b")
+    try:
+        named.engine.answer = ANSWERS["text"]
+        assert [m.id for m in named.client.models.list().data] == ["org/k3-7b"]
+        r = named.client.chat.completions.create(model="whatever", **REQUEST)
+        assert r.model == "org/k3-7b" and named.engine.requests[-1]["model"] == "org/k3-7b"
+    finally:
+        named.close()
+
+
+def test_health(rig: Rig) -> None:
+    r = httpx.get(rig.url + "/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    rig.engine.mode = "unhealthy"
+    r = httpx.get(rig.url + "/health")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "backend_not_ready"
+
+
+def test_sglang_streams_all_ids_so_far_or_only_new_ones() -> None:
+    r = Rig("sglang")
+    try:
+        for incremental in (False, True):
+            r.engine.answer = ANSWERS["calls"]
+            r.engine.incremental = incremental
+            chunks = list(r.client.chat.completions.create(model="kimi-k3", stream=True, **REQUEST))
+            assert got_stream(chunks) == expected(r.engine.sent[-1])
+    finally:
+        r.close()
+
+
+def test_model_output_never_fails_a_request(vllm: Rig) -> None:
+    """Ids in any order (markers out of place, a stop id anywhere): a 200
+    with what the lenient parse read and its diagnostics."""
+    rng = random.Random(7)
+    markers = sorted(K3.bind(vocab()).marker_ids.values())
+    for stream in (False, True):
+        for _ in range(15):
+            vllm.engine.answer = [rng.choice(markers) if rng.random() < 0.4 else rng.randrange(vocab().size)
+                                  for _ in range(rng.randrange(0, 40))]
+            if stream:
+                got = got_stream(list(vllm.client.chat.completions.create(model="kimi-k3", stream=True,
+                                                                          **REQUEST)))
+                got["calls"] = []
+            else:
+                got = got_whole(vllm.client.chat.completions.create(model="kimi-k3", **REQUEST))
+            want = expected(vllm.engine.sent[-1])
+            if stream:
+                want["calls"] = []  # a withheld call's start may have gone out
+            assert got == want
+
+
+# -- structured outputs --------------------------------------------------------------------
+
+@pytest.mark.parametrize("constraint", [
+    {"tool_choice": {"type": "function", "function": {"name": "search"}}},
+    {"tool_choice": "required"},
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
+])
+def test_the_engine_gets_the_completion_grammar(rig: Rig, constraint: dict[str, Any]) -> None:
+    rig.engine.answer = ANSWERS["calls"]
+    request = {**REQUEST, **constraint}
+    rig.client.chat.completions.create(model="kimi-k3", **request)
+    grammar = K3.completion_grammar(request, vocab())
+    body = rig.engine.requests[-1]
+    sent = {"vllm": lambda: body["structured_outputs"]["grammar"],
+            "sglang": lambda: body["sampling_params"]["ebnf"],
+            "llamacpp": lambda: body["grammar"]}[rig.kind]()
+    assert sent == grammar
+    assert rig.prompt() == K3.encode(request, vocab())
+    # The engines' llguidance backends load it as vLLM's and SGLang's do
+    # (grammar_from("grammar" / "ebnf", ...)); it holds the answer when the
+    # answer keeps to the constraint.
+    for fmt in ("grammar", "ebnf"):
+        m = llguidance.LLMatcher(_ll_tokenizer(), llguidance.grammar_from(fmt, sent), log_level=0)
+        assert not m.is_error(), m.get_error()
+        if constraint.get("tool_choice") == "required":
+            assert m.consume_tokens(ANSWERS["calls"]) and m.is_accepting(), m.get_error()
+
+
+_LL: list[Any] = []
+
+
+def _ll_tokenizer() -> Any:
+    """llguidance's tokenizer of the test vocabulary, its end the end marker."""
+    if not _LL:
+        end = K3.bind(vocab()).marker_ids[K3.markers.end]
+        _LL.append(llguidance.LLTokenizer(vocab().tokenizer.to_str(), eos_token=end))
+    return _LL[0]
+
+
+def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
+    vllm.engine.answer = ANSWERS["text"]
+    vllm.client.chat.completions.create(model="kimi-k3", tool_choice="auto", **REQUEST)
+    assert "structured_outputs" not in vllm.engine.requests[-1]
+    off = Rig("vllm", grammar=False)
+    try:
+        off.engine.answer = ANSWERS["calls"]
+        off.client.chat.completions.create(model="kimi-k3", tool_choice="required", **REQUEST)
+        assert "structured_outputs" not in off.engine.requests[-1]
+    finally:
+        off.close()
+
+
+# -- bad requests --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}, "messages[1].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": "hi"}, "messages"),
+    ({**REQUEST, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({**REQUEST, "n": 2}, "n"),
+    ({**REQUEST, "temperature": "hot"}, "temperature"),
+    ({**REQUEST, "max_tokens": 0}, "max_tokens"),
+    ({**REQUEST, "stream": "yes"}, "stream"),
+    ({**REQUEST, "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
+      "continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
+    ({**REQUEST, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({**REQUEST, "documents": [{"text": "x"}]}, "documents"),
+])
+def test_a_bad_request_is_a_400_naming_where(vllm: Rig, body: dict[str, Any], param: str) -> None:
+    r = vllm.post(body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+    assert param in err["message"] or param.split("[")[0] in err["message"]
+    assert vllm.engine.requests == []
+
+
+def test_the_sdk_raises_a_bad_request(vllm: Rig) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        vllm.client.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "hi"},
+                                                                       {"role": "robot", "content": "x"}])
+    assert e.value.status_code == 400
+    assert "messages[1].role" in e.value.message
+
+
+def test_not_json_and_unknown_routes(vllm: Rig) -> None:
+    r = httpx.post(vllm.url + "/v1/chat/completions", content=b"{not json", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(vllm.url + "/v1/chat/completions", json=[1, 2], timeout=10)
+    assert r.status_code == 400
+    r = httpx.get(vllm.url + "/v1/nothing", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+    r = httpx.get(vllm.url + "/v1/chat/completions", timeout=10)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_unknown_keys_are_ignored(vllm: Rig) -> None:
+    vllm.engine.answer = ANSWERS["text"]
+    body = {**REQUEST, "no_such_key": 1, "chat_template_kwargs": {"also_unknown": True},
+            "messages": [{**REQUEST["messages"][0], "odd_field": "x"}, REQUEST["messages"][1]]}
+    r = vllm.post(body)
+    assert r.status_code == 200, r.text
+    assert vllm.prompt() == K3.encode(REQUEST, vocab())
+
+
+# -- backend failures ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_backend_that_is_down_is_a_502(stream: bool) -> None:
+    r = Rig("vllm", url=f"http://127.0.0.1:{closed_port()}")
+    try:
+        resp = r.post({**REQUEST, "stream": stream})
+        assert resp.status_code == 502
+        assert resp.json()["error"]["code"] == "backend_unreachable"
+        with pytest.raises(openai.InternalServerError):
+            r.client.chat.completions.create(model="kimi-k3", stream=stream, **REQUEST)
+        assert httpx.get(r.url + "/health").status_code == 503
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_backend_that_is_too_slow_is_a_504(stream: bool) -> None:
+    r = Rig("vllm", timeout=0.3)
+    try:
+        r.engine.answer = ANSWERS["text"]
+        r.engine.head_delay = 3.0
+        resp = r.post({**REQUEST, "stream": stream})
+        assert resp.status_code == 504
+        assert resp.json()["error"]["code"] == "backend_timeout"
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["not_json", "no_ids", "out_of_range"])
+def test_garbage_from_the_backend_is_a_502(rig: Rig, mode: str, stream: bool) -> None:
+    rig.engine.answer = ANSWERS["calls"]
+    rig.engine.mode = mode
+    rig.engine.good = 0
+    resp = rig.post({**REQUEST, "stream": stream})
+    if mode == "out_of_range" and stream:
+        # The bad id comes third: the stream has started, and ends with an error event.
+        assert resp.status_code == 200
+        events = [e for e in resp.text.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        err = json.loads(events[-2][len("data: "):])["error"]
+        assert err["code"] == "backend_invalid_response" and "not a token id" in err["message"]
+        return
+    assert resp.status_code == 502, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "backend_invalid_response" and err["type"] == "backend_error"
+
+
+@pytest.mark.parametrize("mode", ["garbage_mid_stream", "error_mid_stream"])
+def test_a_failure_after_the_stream_started_is_an_error_event(rig: Rig, mode: str) -> None:
+    rig.engine.answer = ANSWERS["calls"]
+    rig.engine.mode = mode
+    rig.engine.good = 5
+    got: list[Any] = []
+    with pytest.raises(openai.APIError) as e:
+        for c in rig.client.chat.completions.create(model="kimi-k3", stream=True, **REQUEST):
+            got.append(c)
+    assert got and got[0].choices[0].delta.role == "assistant"
+    assert ("not JSON" if mode == "garbage_mid_stream" else "the engine failed") in e.value.message
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_the_engines_own_errors(vllm: Rig, status: int) -> None:
+    vllm.engine.mode = "status"
+    vllm.engine.status = status
+    resp = vllm.post(REQUEST)
+    # 400: the engine refused the request (too long for its context, say).
+    assert resp.status_code == (400 if status == 400 else 502)
+    assert "scripted failure" in resp.json()["error"]["message"]
+
+
+# -- clients that leave ----------------------------------------------------------------------
+
+def _wait(cond: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_client_that_disconnects_cancels_its_backend_stream(rig: Rig) -> None:
+    rig.engine.answer = ANSWERS["text"] * 50
+    rig.engine.delay = 0.02
+    with httpx.stream("POST", rig.url + "/v1/chat/completions", json={**REQUEST, "stream": True},
+                      timeout=30) as resp:
+        lines = resp.iter_lines()
+        got = [next(lines) for _ in range(6)]
+    assert any(line.startswith("data: {") for line in got)
+    assert _wait(lambda: rig.engine.closed_early == 1), "the engine's stream was not closed"
+    assert rig.engine.finished == 0
+
+
+def test_a_client_that_disconnects_while_the_engine_thinks_cancels_it(vllm: Rig) -> None:
+    vllm.engine.answer = ANSWERS["text"]
+    vllm.engine.head_delay = 5.0
+    for stream in (False, True):
+        vllm.engine.closed_early = 0
+        with pytest.raises(httpx.TimeoutException):
+            vllm.post({**REQUEST, "stream": stream}, timeout=0.5)
+        assert _wait(lambda: vllm.engine.closed_early == 1), "the engine's request was not cancelled"
+
+
+def test_many_concurrent_streams_each_get_their_own_answer(vllm: Rig) -> None:
+    """Answers picked by the request's seed: no stream gets another's ids."""
+    names = sorted(ANSWERS)
+    vllm.engine.answer = lambda body: ANSWERS[names[body["seed"] % len(names)]]
+    vllm.engine.record = False
+
+    async def one(client: openai.AsyncOpenAI, k: int) -> bool:
+        chunks = [c async for c in await client.chat.completions.create(model="kimi-k3", stream=True, seed=k,
+                                                                        **REQUEST)]
+        want = expected(ANSWERS[names[k % len(names)]])
+        return got_stream(chunks) == want
+
+    async def run() -> list[bool]:
+        async with openai.AsyncOpenAI(base_url=vllm.url + "/v1", api_key="none", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, k) for k in range(40)))
+
+    assert all(asyncio.run(run()))
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def test_the_command_needs_the_serve_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Any) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    code = xtml_main(["serve", "--backend", "http://127.0.0.1:1", "--tokenizer", str(tmp_path / "tok.json")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and "pip install 'xtml[serve]'" in err
+
+
+def test_the_command_checks_its_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    assert xtml_main(["serve", "--backend", "ftp://x", "--tokenizer", "t.json"]) == 2
+    assert "http://" in capsys.readouterr().err
+    assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--backend-kind", "tgi"]) == 2
+    assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--backend-timeout", "0"]) == 2
+    capsys.readouterr()
+    code = xtml_main(["serve", "--backend", "http://127.0.0.1:1", "--tokenizer", str(tmp_path / "missing.json")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("xtml: error:") and err.count("\n") == 1
+
+
+def test_the_backend_must_be_an_http_url() -> None:
+    for url in ("ftp://127.0.0.1:1", "127.0.0.1:8000", "http://"):
+        with pytest.raises(xtml.OptionError, match="http://"):
+            create_app(K3, vocab(), url)
+
+
+def test_the_command_lists_the_backend_kinds() -> None:
+    assert serve_cli.KINDS == tuple(backends.KINDS)
+    assert "httpx" not in serve_cli.__dict__
+
+
+def test_the_fast_event_encoding_is_openais() -> None:
+    """The gateway writes most chunks from a constant head and the delta:
+    the text is exactly what ``openai.sse`` gives for the whole chunk."""
+    from xtml.serving.gateway import SSE
+    from xtml.serving.openai import ChunkStream, sse
+
+    n = 0
+    for usage in (False, True):
+        for ids in ANSWERS.values():
+            for cut in (len(ids), len(ids) - 7, len(ids) // 2):
+                parser = K3.stream(vocab(), thinking=THINKING)
+                chunks = ChunkStream(model='m "quoted" é', template=K3, include_usage=usage)
+                fast = SSE(chunks)
+                out = chunks.feed(())
+                for t in ids[:cut]:
+                    out += chunks.feed(parser.feed(t))
+                out += chunks.feed(parser.close())
+                out += chunks.close(prompt_tokens=3, completion_tokens=cut)
+                for c in out:
+                    assert fast(c) == sse(c)
+                    n += 1
+    assert n > 300

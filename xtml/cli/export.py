@@ -1,0 +1,92 @@
+"""``xtml export grammar``: the grammar of a completion for constrained
+decoding (the grammar itself is :mod:`xtml.serving.grammar`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from ..serving.grammar import FORMATS, MAX_CALLS, completion_grammar
+from ..template import load
+from ..vocab.load import load_tokenizer
+from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input
+from .output import UsageError
+
+COMMANDS = ("export",)
+
+EPILOG = """examples:
+  xtml export grammar request.json --tokenizer path/to/model > grammar.lark
+  xtml export grammar request.json --format xgrammar --tokenizer tok.json -o grammar.ebnf
+  xtml export grammar request.json -t xtml-base --tokenizer tok.json --add-markers --thinking true
+
+The llguidance grammar is Lark text: llguidance.LLMatcher(LLTokenizer, text) loads it as it is
+(--json prints it as llguidance's {"grammars": [{"lark_grammar": ...}]} instead). The xgrammar
+grammar is EBNF for xgrammar.Grammar.from_ebnf; its header lists what it cannot express.
+"""
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``export`` (with its ``grammar`` subcommand) to the ``xtml`` parser."""
+    e = sub.add_parser("export", help="export what a template knows to other tools (export grammar: the grammar "
+                                      "of a completion, for constrained decoding)",
+                       description="Export what a template knows about a request to other tools.")
+    what = e.add_subparsers(dest="what", required=True, metavar="WHAT")
+    g = what.add_parser(
+        "grammar", help="the grammar of everything the assistant may generate after the generation prompt",
+        description="Print the token-level grammar of a completion of REQUEST (a chat-completions body, as "
+                    "xtml render takes): the channels in the template's order, calls to the request's tools "
+                    "only with arguments typed by their JSON schemas, tool_choice, parallel_tool_calls and "
+                    "response_format, the close of the message and its end marker. Markers are special-token "
+                    "references, never text.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("file", metavar="REQUEST", help="a request (JSON), or - for stdin")
+    g.add_argument("-f", "--format", choices=FORMATS, default="llguidance",
+                   help="llguidance (Lark text, default) or xgrammar (EBNF)")
+    g.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                   help="built-in template name or template file (default: kimi-k3)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="checks every marker is one special token, and gives the ids of markers referenced by id "
+                        "(needed for xgrammar and for markers not spelled <...>): " + TOKENIZER_HELP)
+    g.add_argument("--add-markers", action="store_true",
+                   help="add the template's markers to the tokenizer as special tokens first")
+    g.add_argument("--thinking", type=_bool, metavar="BOOL", help="override the request's thinking option")
+    g.add_argument("--max-calls", type=at_least(1), default=MAX_CALLS, metavar="N",
+                   help=f"calls one message may make (default: {MAX_CALLS})")
+    g.add_argument("--no-json-fallback", dest="json_fallback", action="store_false",
+                   help="refuse the json block in calls (arguments then go key by key)")
+    g.add_argument("--token-refs", choices=("auto", "name", "id"), default="auto",
+                   help="llguidance: write markers as <|name|> (name), <[id]> (id), or by name when they are "
+                        "spelled <...> (auto, default)")
+    g.add_argument("--json", action="store_true",
+                   help="llguidance: print the grammar as {\"grammars\": [{\"lark_grammar\": ...}]}")
+    g.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+
+_bool = boolean
+
+
+def _request(path: str) -> Any:
+    return json_input(read_input(path), "standard input" if path == "-" else path)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``xtml export``; returns the exit status."""
+    if args.format == "xgrammar" and not args.tokenizer:
+        raise UsageError("--format xgrammar writes markers by token id: it needs --tokenizer PATH")
+    if args.json and args.format != "llguidance":
+        raise UsageError("--json is for --format llguidance")
+    tpl = load(args.template)
+    request = _request(args.file)
+    vocab = None
+    if args.tokenizer:
+        vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
+    options: dict[str, Any] = {}
+    if args.thinking is not None:
+        options["thinking"] = args.thinking
+    text = completion_grammar(tpl, request, vocab, format=args.format, max_calls=args.max_calls,
+                              json_fallback=args.json_fallback, token_refs=args.token_refs, **options)
+    if args.json:
+        text = json.dumps({"grammars": [{"lark_grammar": text}]}, ensure_ascii=False) + "\n"
+    out.write(text)
+    return 0

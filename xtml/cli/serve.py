@@ -1,0 +1,101 @@
+"""``xtml serve``: the OpenAI-compatible gateway in front of a token-id
+engine (the gateway itself is :mod:`xtml.serving.gateway`). Starlette
+and uvicorn are imported only when the command runs: they are the optional
+``serve`` extra."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from ..errors import XtmlError
+from ..template import load
+from ..vocab.load import load_tokenizer
+from .common import TOKENIZER_HELP, at_least
+from .output import UsageError
+
+COMMANDS = ("serve",)
+
+KINDS = ("vllm", "sglang", "llamacpp")
+"""xtml.serving.backends.KINDS, spelled out: the serving modules are
+imported only when the command runs."""
+
+EPILOG = """examples:
+  vllm serve MODEL --port 8001 --structured-outputs-config.backend guidance &
+  xtml serve --backend http://127.0.0.1:8001 --tokenizer path/to/model -t kimi-k3
+  xtml serve --backend http://127.0.0.1:30000 --backend-kind sglang --tokenizer tok.json
+  xtml serve --backend http://127.0.0.1:8080 --backend-kind llamacpp --tokenizer tok.json --port 9000
+
+Then point any OpenAI client at http://127.0.0.1:8000/v1. The gateway renders each request to token
+ids with the template, sends the ids to the engine, and parses the ids that come back (streamed or
+whole) into OpenAI objects. A request that names a tool in tool_choice, sets it to "required", or
+asks for a response_format also sends the engine the grammar of the completion (llguidance Lark;
+the engine needs its llguidance backend), unless --no-grammar. docs/serving.md has the details.
+"""
+
+
+class ServeError(XtmlError):
+    """What keeps the gateway from starting."""
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``serve`` to the ``xtml`` parser."""
+    s = sub.add_parser("serve", help="an OpenAI-compatible chat endpoint in front of an engine that takes token ids "
+                                     "(vLLM, SGLang, llama.cpp)",
+                       description="Serve POST /v1/chat/completions (streamed and not), GET /v1/models and "
+                                   "GET /health, rendering and parsing with an XTML template on token ids.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--backend", required=True, metavar="URL",
+                   help="the engine's base URL, e.g. http://127.0.0.1:8001")
+    s.add_argument("--tokenizer", required=True, metavar="PATH", help=TOKENIZER_HELP)
+    s.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                   help="built-in template name or template file (default: kimi-k3)")
+    s.add_argument("--add-markers", action="store_true",
+                   help="add the template's markers to the tokenizer as special tokens first (a model "
+                        "fine-tuned on XTML from a base tokenizer)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    s.add_argument("--port", type=at_least(0), default=8000, help="port to listen on (default: 8000)")
+    s.add_argument("--backend-kind", choices=KINDS, default="vllm",
+                   help="the engine's API: vllm (POST /v1/completions, default), sglang (POST /generate) or "
+                        "llamacpp (POST /completion)")
+    s.add_argument("--backend-model", metavar="NAME",
+                   help="the model name sent to the engine, and the name served in /v1/models and responses "
+                        "(default: none is sent; the template's name is served)")
+    s.add_argument("--backend-timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="longest wait on the engine: to connect, and between two reads (default: 600); past it "
+                        "the request fails with 504")
+    s.add_argument("--no-grammar", dest="grammar", action="store_false",
+                   help="never send the engine a completion grammar (for an engine without llguidance)")
+    s.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
+                   help="uvicorn's log level (default: info)")
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {s!r}")
+    return v
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``xtml serve`` until interrupted; returns the exit status."""
+    if not args.backend.startswith(("http://", "https://")):
+        raise UsageError(f"--backend must be an http:// or https:// URL, not {args.backend!r}")
+    try:
+        import uvicorn
+
+        from ..serving.gateway import KEEP_ALIVE, create_app
+    except ImportError as e:
+        raise ServeError(f"xtml serve needs starlette and uvicorn ({e.name} is missing): "
+                         "pip install 'xtml[serve]'") from None
+    tpl = load(args.template)
+    vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
+    # Markers that do not fit the tokenizer are found now, not at the first request.
+    tpl.bind(vocab)
+    app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
+                     timeout=args.backend_timeout, grammar=args.grammar)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE)
+    return 0

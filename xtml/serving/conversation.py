@@ -1,0 +1,525 @@
+"""A conversation that keeps its rendered ids and renders only what changes.
+
+A multi-turn server or an agent renders the same history again every turn:
+at 100 messages a full render costs 25-30 times the last turn alone. A
+:class:`Conversation` keeps, for each message, the markup events it rendered
+to and their ids; appending a message renders the new message (and the few
+before it that it can change), and :meth:`Conversation.prompt_ids` adds only
+the one-shot option messages and the generation prompt.
+
+Its ids are always those of ``Template.encode`` of the whole request (the
+messages, the conversation's options and the one-shot options). The
+rendering is split where :mod:`xtml.chat.render` says what each part reads:
+
+* the head (tool declaration, thinking effort) reads the options;
+* a message reads itself as resolved, the options, and the plugin state the
+  messages before it left; it is resolved from the messages since the latest
+  assistant message before it (a tool result takes its index, name and place
+  in its run from them). So a change at message ``i`` resolves and renders
+  again from that assistant message (the *window*), and a change of options
+  from the first message;
+* the tail reads the one-shot options.
+
+Whatever is rendered again is compared event by event with what was kept,
+and only a message whose events differ is tokenized again: the events of a
+message decide its ids (each text is encoded on its own, tags and markers
+come from the binding's tables). A failed call leaves the conversation as
+it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from ..chat import fields
+from ..chat.dialect import Dialect
+from ..chat.render import RenderState, final_message, message_renderer, render_head, render_tail
+from ..chat.request import KNOWN_MESSAGE_KEYS, MAX_CHARS, Msg, Options, prepare, request_size, resolve_options
+from ..errors import MessageError, OptionError, RequestError
+from ..markup.sink import Attrs
+from ..plugins.api import call_id
+from ..vocab.binding import Binding
+from .stream import StreamParser
+
+__all__ = ["CONVERSATION_OPTIONS", "ONE_SHOT_OPTIONS", "CompletionReader", "Conversation"]
+
+ONE_SHOT_OPTIONS: frozenset[str] = frozenset({
+    "tool_choice", "response_format", "response_schema", "add_generation_prompt", "continue_final_message",
+})
+"""Options that shape one prompt only (rendered after the messages): given to
+:meth:`Conversation.prompt_ids`."""
+CONVERSATION_OPTIONS: frozenset[str] = frozenset(fields.OPTIONS) - ONE_SHOT_OPTIONS
+"""Options that shape how the messages render (tools, thinking and its
+effort, image prompts): the conversation's own, set with
+:meth:`Conversation.set_options`."""
+
+_NO_IDS: list[int] = []
+
+# Event kinds: the index of the sink method that replays them.
+_OPEN, _CLOSE, _TEXT, _ELEMENT, _EMBED, _END = range(6)
+Event = tuple[int, tuple[Any, ...]]
+
+
+class _Recorder:
+    """A markup sink that keeps its events, to compare and to replay."""
+
+    __slots__ = ("events",)
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def open(self, tag: str, attrs: Attrs = ()) -> None:
+        self.events.append((_OPEN, (tag, attrs)))
+
+    def close(self) -> None:
+        self.events.append((_CLOSE, ()))
+
+    def text(self, text: str, stable: bool = False) -> None:
+        self.events.append((_TEXT, (text, stable)))
+
+    def element(self, tag: str, attrs: Attrs, text: str, stable: bool = False) -> None:
+        self.events.append((_ELEMENT, (tag, attrs, text, stable)))
+
+    def embed(self, raw: str) -> None:
+        self.events.append((_EMBED, (raw,)))
+
+    def end(self) -> None:
+        self.events.append((_END, ()))
+
+
+class CompletionReader(Protocol):
+    """Reads what a model generated into one assistant message, as
+    ``Template.parse(ids, tokenizer, completion=True, ...)`` does."""
+
+    def __call__(self, ids: Sequence[int], *, thinking: bool, prefill: Any, lenient: bool) -> dict[str, Any]: ...
+
+
+class Conversation:
+    """Messages, options and the ids they render to, kept up to date.
+
+    Made by :meth:`xtml.Template.conversation`. ``options`` are the
+    conversation's options (:data:`CONVERSATION_OPTIONS`: ``tools``,
+    ``thinking``, ``thinking_effort`` ...; their aliases such as
+    ``enable_thinking`` and ``functions`` are read as ``encode`` reads
+    them). ``max_chars`` and ``unknown_keys`` are those of
+    ``Template.encode``.
+    """
+
+    def __init__(self, dialect: Dialect, binding: Binding, read_completion: CompletionReader,
+                 messages: Iterable[Any] = (), *, max_chars: int | None = MAX_CHARS,
+                 unknown_keys: str = "error", **options: Any) -> None:
+        if max_chars is not None and (type(max_chars) is not int or max_chars < 0):
+            raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
+        if unknown_keys not in fields.UNKNOWN_KEYS:
+            raise OptionError(f"unknown_keys must be one of {', '.join(map(repr, fields.UNKNOWN_KEYS))}, "
+                              f"not {unknown_keys!r}", option="unknown_keys")
+        self.dialect = dialect
+        self.binding = binding
+        self._read = read_completion
+        self._limit = max_chars
+        self._ignore = unknown_keys == "ignore"
+        self._raw: list[dict[str, Any]] = []
+        """The messages as appended (normalized copies), by index."""
+        self._sizes: list[int] = []
+        self._size = 0
+        """What request_size counts of the messages."""
+        self._opts_size = 0
+        self._opts: dict[str, Any] = {}
+        self._o: Options = resolve_options(dialect, {})
+        self._head: list[Event] = []
+        self._msgs: list[Msg] = []
+        """Resolved messages by position (render order: a run of tool
+        results may be reordered)."""
+        self._events: list[list[Event]] = []
+        self._states: list[dict[str, Any] | None] = []
+        """The plugins' render state before each position (None: empty)."""
+        self._state_end: dict[str, Any] | None = None
+        self._ids: list[int] = []
+        """Head and messages, closed: the history's ids."""
+        self._starts: list[int] = [0]
+        """Where each position's ids start in ``_ids``, and the end."""
+        self._assistants: list[int] = []
+        self._first_tool: int | None = None
+        self._continuing = False
+        opts = self._conversation_options(options)
+        self._update(_copy_all(self._normalized(messages, 0)), 0, opts)
+
+    # -- reading -----------------------------------------------------------------------
+
+    @property
+    def messages(self) -> tuple[dict[str, Any], ...]:
+        """The messages, in order: copies of what was appended (normalized as
+        ``encode`` reads them: objects dumped, ``function_call`` as a tool
+        call), and each completion as parsed. Read them; changing them in
+        place would put the conversation out of step with its ids."""
+        return tuple(self._raw)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The conversation's options (a copy)."""
+        return dict(self._opts)
+
+    @property
+    def tools(self) -> list[Any] | None:
+        """The tool list as declared (Python functions made schemas), or None."""
+        return self._o.tools
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the conversation renders thinking (and its generation
+        prompt opens the think channel)."""
+        return self._o.thinking
+
+    @property
+    def ids(self) -> list[int]:
+        """The ids of the messages so far, each closed: ``encode`` of the
+        request with ``add_generation_prompt=False`` (a copy)."""
+        return list(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"<xtml.Conversation {self.dialect.name!r}: {len(self._raw)} messages, {len(self._ids)} ids>"
+
+    def request(self, **options: Any) -> dict[str, Any]:
+        """The whole request as a chat-completions body: the messages, the
+        conversation's options and ``options`` (one-shot ones, say)."""
+        return {"messages": list(self._raw), **self._opts, **options}
+
+    # -- changing ----------------------------------------------------------------------
+
+    def append(self, message: Any) -> None:
+        """Add one message (a dict as ``encode`` takes it, or an object with
+        ``model_dump``)."""
+        self.extend((message,))
+
+    def extend(self, messages: Iterable[Any]) -> None:
+        """Add messages, in order, all or none: a bad one raises
+        :class:`~xtml.errors.MessageError` with its index in the whole
+        conversation."""
+        start = len(self._raw)
+        new = _copy_all(self._normalized(messages, start))
+        if new:
+            self._update(self._raw + new, start, None)
+
+    def append_completion(self, ids: Sequence[int], *, lenient: bool = False) -> dict[str, Any]:
+        """Read what the model generated after :meth:`prompt_ids` and add it
+        as the next assistant message; returns the parsed message (with
+        ``diagnostics`` when ``lenient``).
+
+        After a prompt that continued the final message
+        (``continue_final_message=True``), the ids continue that message,
+        which is replaced by the whole of it. Tool calls get the ids the
+        normal form gives them (``call_{index}_{k}``); answer them with
+        those ``tool_call_id``s. Strict by default: output that is not
+        well-formed raises :class:`~xtml.errors.ParseError`, and nothing is
+        added."""
+        prefill = self._raw[-1] if self._continuing and self._raw else None
+        parsed = self._read(ids, thinking=self._o.thinking, prefill=prefill, lenient=lenient)
+        index = len(self._raw) - (prefill is not None)
+        for k, call in enumerate(parsed.get("tool_calls") or (), start=1):
+            call["id"] = call_id(index, k)
+        message = _copy({k: v for k, v in parsed.items() if k != "diagnostics"})
+        self._update([*self._raw[:index], message], index, None)
+        return parsed
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` messages (to retry a turn, say)."""
+        if type(n) is not int or n < 0:
+            raise RequestError(f"truncate keeps a number of messages, not {n!r}")
+        if n < len(self._raw):
+            self._update(self._raw[:n], n, None)
+
+    def set_options(self, **options: Any) -> None:
+        """Change conversation options (merged over the current ones as
+        keyword options are over a request's; ``None`` removes one). What
+        renders differently is tokenized again, from the first message whose
+        markup changed; the rest keeps its ids."""
+        merged = {**self._opts, **self._conversation_options(options)}
+        opts = {k: v for k, v in merged.items() if v is not None}
+        if resolve_options(self.dialect, opts) == self._o:
+            # The same resolved options render the same: a server may pass a
+            # request's options every turn.
+            size = self._options_size(opts) if self._limit is not None else 0
+            if self._limit is not None:
+                self._check_size(self._size + size)
+            self._opts, self._opts_size = opts, size
+            return
+        self._update(self._raw, len(self._raw), opts)
+
+    def set_tools(self, tools: Sequence[Any] | None) -> None:
+        """Replace the tool list (None or ``[]``: no tools)."""
+        self.set_options(tools=tools)
+
+    def copy(self) -> Conversation:
+        """An independent conversation with the same messages and ids (to
+        try several continuations, say)."""
+        other = copy.copy(self)
+        for name in ("_raw", "_sizes", "_msgs", "_events", "_states", "_ids", "_starts", "_assistants"):
+            setattr(other, name, list(getattr(self, name)))
+        other._opts = dict(self._opts)
+        return other
+
+    # -- the prompt --------------------------------------------------------------------
+
+    def prompt_ids(self, **options: Any) -> list[int]:
+        """The ids to generate from: the messages, then the one-shot option
+        messages and the generation prompt, exactly as ``encode`` of the whole
+        request. ``options`` are one-shot (:data:`ONE_SHOT_OPTIONS`:
+        ``tool_choice``, ``response_format``, ``add_generation_prompt``,
+        ``continue_final_message`` ...), for this prompt only."""
+        one = _keyword_options(options)
+        bad = sorted(k for k in one if k not in ONE_SHOT_OPTIONS)
+        if bad:
+            raise OptionError(f"{bad[0]} is an option of the whole conversation: change it with set_options()",
+                              option=bad[0])
+        if self._limit is not None and one:
+            self._check_size(self._size + self._opts_size + self._options_size(one))
+        o = self._o
+        if one:
+            r = resolve_options(self.dialect, one)
+            o = replace(o, tool_choice=r.tool_choice, response_format=r.response_format,
+                        add_generation_prompt=r.add_generation_prompt, continue_final=r.continue_final)
+        final = final_message(self._msgs) if o.continue_final else None
+        rec = _Recorder()
+        s = RenderState(self.dialect, o, rec)
+        state = self._states[-1] if final is not None else self._state_end
+        if state:
+            s.ctx.state = copy.deepcopy(state)
+        render_tail(s, final)
+        tail = self._tokenize(rec.events)
+        self._continuing = final is not None
+        if final is not None:
+            return self._ids[: self._starts[-2]] + tail
+        return self._ids + tail
+
+    def stream(self, *, keep: bool = True, lenient: bool = True) -> StreamParser:
+        """A stream parser for what the model generates after the
+        generation prompt of :meth:`prompt_ids` (see ``Template.stream``; not
+        after ``continue_final_message``); add its final message with
+        :meth:`append`, or the ids with :meth:`append_completion`."""
+        return StreamParser(self.dialect, self.binding, thinking=self._o.thinking, keep=keep, lenient=lenient)
+
+    # -- inside ------------------------------------------------------------------------
+
+    def _conversation_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        opts = _keyword_options(options)
+        bad = sorted(k for k in opts if k not in CONVERSATION_OPTIONS)
+        if bad:
+            raise OptionError(f"{bad[0]} applies to one prompt: pass it to prompt_ids()", option=bad[0])
+        return opts
+
+    def _normalized(self, messages: Iterable[Any], start: int) -> list[Any]:
+        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
+            raise RequestError(f"expected a list of messages, not {type(messages).__name__}")
+        try:
+            return fields.messages_of(list(messages), self._ignore, KNOWN_MESSAGE_KEYS)
+        except MessageError as e:
+            raise _shifted(e, start) from None
+
+    def _options_size(self, opts: Mapping[str, Any]) -> int:
+        assert self._limit is not None
+        return sum(len(k) + request_size(v, self._limit) for k, v in opts.items())
+
+    def _check_size(self, size: int) -> None:
+        """The limit ``encode`` puts on the whole request, counted as
+        :func:`request_size` counts ``{"messages": [...], **options}`` (the
+        messages' and the options' sizes are given)."""
+        assert self._limit is not None
+        total = 2 + len("messages") + size
+        if total > self._limit:
+            raise RequestError(f"the request is too large: at least {total:,} characters, more than "
+                               f"max_chars={self._limit:,}")
+
+    def _window(self, start: int) -> int:
+        """The first message that a change at message ``start`` can render
+        differently: the latest assistant message before it (tool results
+        are resolved against it), or the first tool result when there is
+        none."""
+        k = bisect_left(self._assistants, start)
+        if k:
+            return self._assistants[k - 1]
+        if self._first_tool is not None and self._first_tool < start:
+            return self._first_tool
+        return start
+
+    def _resolve(self, window: list[Any], w: int, o: Options) -> list[Msg]:
+        request: dict[str, Any] = {"messages": window, "thinking": o.thinking}
+        if o.image_prompts is not None:
+            request["image_prompts"] = o.image_prompts
+        try:
+            _, msgs = prepare(self.dialect, request,
+                              {"max_chars": None, "unknown_keys": "ignore" if self._ignore else "error"})
+        except MessageError as e:
+            raise _shifted(e, w) from None
+        if w:
+            for m in msgs:
+                m.index += w
+                if m.call_ref is not None:
+                    m.call_ref = (m.call_ref[0] + w, m.call_ref[1])
+        return msgs
+
+    def _tokenize(self, events: list[Event]) -> list[int]:
+        sink = self.binding.sink()
+        emit = (sink.open, sink.close, sink.text, sink.element, sink.embed, sink.end)
+        for kind, args in events:
+            emit[kind](*args)
+        return sink.finish()
+
+    def _tokenize_many(self, messages: list[list[Event]]) -> list[list[int]]:
+        """The ids of several messages, their texts encoded in one batch (a
+        tokenizer call per message would cost more than the text).
+
+        The batch is cut at the end markers: a message's events end with
+        its one end event, text is never encoded as a marker id, and
+        neither are tags; an embed may hold markers, so a message with one
+        is tokenized on its own."""
+        if len(messages) < 2:
+            return [self._tokenize(ev) for ev in messages]
+        alone = [any(kind == _EMBED for kind, _ in ev) or not ev or ev[-1][0] != _END
+                 or sum(kind == _END for kind, _ in ev) != 1 for ev in messages]
+        joined = self._tokenize([e for ev, a in zip(messages, alone) if not a for e in ev])
+        end = self.binding.marker_ids[self.binding.markers.end]
+        cuts: list[int] = []
+        at = 0
+        try:
+            while True:
+                at = joined.index(end, at) + 1
+                cuts.append(at)
+        except ValueError:
+            pass
+        batch = iter([joined[a:b] for a, b in zip([0, *cuts], cuts)])
+        if len(cuts) != alone.count(False) or (cuts and cuts[-1] != len(joined)):
+            batch = iter([self._tokenize(ev) for ev, a in zip(messages, alone) if not a])
+        return [self._tokenize(ev) if a else next(batch) for ev, a in zip(messages, alone)]
+
+    def _update(self, raw: list[dict[str, Any]], start: int, opts: dict[str, Any] | None) -> None:
+        """Make ``raw`` the messages (the first ``start`` of them unchanged)
+        and ``opts`` the options (None: unchanged; else every message is
+        rendered again). Everything is computed before anything is changed."""
+        d = self.dialect
+        if opts is None:
+            o = self._o
+            w = self._window(start)
+        else:
+            o = resolve_options(d, opts)
+            w = 0
+        sizes, size, opts_size = self._sizes, self._size, self._opts_size
+        if self._limit is not None:
+            new = [request_size(m, self._limit) for m in raw[start:]]
+            size += sum(new) - sum(sizes[start:])
+            sizes = sizes[:start] + new
+            if opts is not None:
+                opts_size = self._options_size(opts)
+            self._check_size(size + opts_size)
+        msgs = self._resolve(raw[w:], w, o)
+
+        head = self._head
+        head_ids: list[int] | None = None
+        if opts is not None:
+            rec = _Recorder()
+            render_head(RenderState(d, o, rec))
+            head = rec.events
+            if head != self._head:
+                head_ids = self._tokenize(head)
+
+        # The messages from the window on, as events, from the plugin state
+        # left by the messages before it.
+        s = RenderState(d, o, None)
+        before = self._states[w] if w < len(self._states) else self._state_end
+        if before:
+            s.ctx.state = copy.deepcopy(before)
+        render_one = message_renderer(s)
+        events: list[list[Event]] = []
+        states: list[dict[str, Any] | None] = []
+        for m in msgs:
+            states.append(copy.deepcopy(s.ctx.state) if s.ctx.state else None)
+            rec = _Recorder()
+            s.sink = rec
+            render_one(m)
+            events.append(rec.events)
+        state_end = copy.deepcopy(s.ctx.state) if s.ctx.state else None
+
+        # Ids: kept where the events are those kept, else tokenized.
+        old_ids, old_starts, old_events = self._ids, self._starts, self._events
+        pieces: list[list[int]] = []
+        fresh: list[int] = []
+        for p, ev in enumerate(events, start=w):
+            if p < len(old_events) and old_events[p] == ev:
+                pieces.append(old_ids[old_starts[p] : old_starts[p + 1]])
+            else:
+                fresh.append(len(pieces))
+                pieces.append(_NO_IDS)
+        for k, ids in zip(fresh, self._tokenize_many([events[k] for k in fresh])):
+            pieces[k] = ids
+        at = old_starts[w] if head_ids is None else len(head_ids)
+        starts = []
+        for piece in pieces:
+            starts.append(at)
+            at += len(piece)
+        starts.append(at)
+
+        # Commit: nothing below raises.
+        if head_ids is not None:
+            self._ids = head_ids
+        else:
+            del self._ids[old_starts[w] :]
+        for piece in pieces:
+            self._ids.extend(piece)
+        self._head = head
+        self._raw = raw
+        self._sizes = sizes
+        self._size = size
+        self._opts_size = opts_size
+        if opts is not None:
+            self._opts = opts
+            self._o = o
+        self._msgs[w:] = msgs
+        self._events[w:] = events
+        self._states[w:] = states
+        self._state_end = state_end
+        self._starts[w:] = starts
+        del self._assistants[bisect_left(self._assistants, w) :]
+        self._assistants.extend(m.index for m in msgs if m.role == "assistant")
+        if self._first_tool is None or self._first_tool >= w:
+            self._first_tool = next((m.index for m in msgs if m.role == "tool"), None)
+        self._continuing = False
+
+
+def _keyword_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    if "max_chars" in options or "unknown_keys" in options:
+        key = "max_chars" if "max_chars" in options else "unknown_keys"
+        raise OptionError(f"{key} is set when the conversation is made", option=key)
+    return fields.keyword_options(options)
+
+
+def _shifted(e: MessageError, by: int) -> MessageError:
+    """The error with its index in the whole conversation."""
+    return MessageError(e.msg, index=e.index + by, path=e.path) if by else e
+
+
+def _copy(x: Any) -> Any:
+    """A copy of a JSON-like value, so that the caller changing theirs later
+    does not change the conversation's."""
+    t = type(x)
+    if t is str:
+        return x
+    if t is dict or (t is not list and t is not tuple and isinstance(x, Mapping)):
+        return {k: _copy(v) for k, v in x.items()}
+    if t is list:
+        return [_copy(v) for v in x]
+    if t is tuple:
+        return tuple(_copy(v) for v in x)
+    return x
+
+
+def _copy_all(messages: list[Any]) -> list[Any]:
+    try:
+        return [_copy(m) for m in messages]
+    except RecursionError:
+        raise RequestError("the request is nested too deeply") from None

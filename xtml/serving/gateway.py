@@ -1,0 +1,514 @@
+"""``xtml serve``: an OpenAI-compatible chat endpoint in front of an engine
+that takes and gives token ids.
+
+:func:`create_app` makes a Starlette app with
+
+* ``POST /v1/chat/completions`` — the request is checked and rendered to ids
+  by the chat layer (unknown keys ignored, as clients send many; bad messages
+  refused), the ids go to the backend (:mod:`.backends`), and the ids that
+  come back are parsed as they arrive (:class:`~xtml.serving.stream.StreamParser`)
+  into ``chat.completion.chunk`` server-sent events (:class:`~.openai.ChunkStream`),
+  or parsed whole into a ``chat.completion`` (:func:`~.openai.chat_completion`);
+* ``GET /v1/models`` — the one model served;
+* ``GET /health`` — 200 when the backend says it is ready, else 503.
+
+Errors are OpenAI error objects, ``{"error": {"message", "type", "param",
+"code"}}``: 400 for a bad request (``param`` names where: ``messages[2].role``),
+502 when the backend is unreachable, fails or answers garbage, 504 when it
+times out. Model output never fails a request: it is parsed leniently and
+what was repaired is in ``xtml_diagnostics``. A failure after a stream has
+started ends it with one ``data: {"error": {...}}`` event and ``data:
+[DONE]``, as vLLM and SGLang do (the openai SDK raises it as an
+``APIError``). A client that disconnects cancels its backend request: the
+connection to the backend is closed, which engines take as an abort.
+
+The chat endpoint is plain ASGI, ahead of Starlette's routing and
+middleware (which serve the rest): a stream's events are written as one
+payload per read from the engine, each ``send`` straight to the server.
+
+The template and tokenizer are given by the caller (the command line loads
+them); the module needs starlette (``pip install 'xtml[serve]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from json.encoder import encode_basestring
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ..chat import fields
+from ..chat.render import render
+from ..chat.request import prepare
+from ..errors import OptionError, RequestError, XtmlError
+from .backends import BACKENDS, Backend, BackendError, Generation, Piece, sampling
+from .grammar import completion_grammar
+from .openai import SSE_DONE, ChunkStream, chat_completion, sse
+
+if TYPE_CHECKING:
+    from ..template import Template
+    from ..vocab.vocabulary import Vocabulary
+
+__all__ = ["SSE", "Gateway", "create_app"]
+
+log = logging.getLogger("xtml.serve")
+
+MAX_BODY = 256 << 20
+"""The largest request body read, in bytes."""
+KEEP_ALIVE = 65
+"""Seconds an idle client connection is kept open: longer than the 5 s
+clients (httpx, the openai SDK) keep one, so that the server never closes a
+connection just as a client sends its next request on it."""
+_THREAD_BODY = 64 << 10
+"""Bodies larger than this are rendered in a worker thread, so that a long
+prompt does not hold up the streams of other requests."""
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]
+_FINISH = 1.0
+"""Seconds a stream whose message has ended waits, after answering, for the
+engine's closing events: the connection is then used again, not closed."""
+
+
+def _error_body(status: int, message: str, *, type: str, param: str | None = None,
+                code: str | int | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}},
+                      ensure_ascii=False).encode()
+
+
+def _error(status: int, message: str, *, type: str, param: str | None = None,
+           code: str | int | None = None) -> Response:
+    return Response(_error_body(status, message, type=type, param=param, code=code), status_code=status,
+                    media_type="application/json")
+
+
+def _request_error(e: XtmlError) -> tuple[int, bytes]:
+    # A message's location is its path (messages[2].role); an option's is
+    # worded for people ("option 'tool_choice'"), so its name is the param.
+    param = e.option if isinstance(e, OptionError) else e.location
+    return 400, _error_body(400, str(e), type="invalid_request_error", param=param)
+
+
+def _backend_error(e: BackendError) -> tuple[int, bytes]:
+    kind = "invalid_request_error" if e.status == 400 else "backend_error"
+    return e.status, _error_body(e.status, str(e), type=kind, code=e.code)
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _json(data: Any) -> Response:
+    return Response(_dumps(data), media_type="application/json")
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    """A whole JSON answer, straight to the server."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass(slots=True)
+class _Job:
+    """One checked request, rendered."""
+
+    gen: Generation
+    thinking: bool
+    stream: bool
+    include_usage: bool
+
+
+class Gateway:
+    """The state of one served model: template, tokenizer, backend.
+
+    ``template`` is an :class:`xtml.Template`, ``tokenizer`` what it takes
+    (a :class:`~xtml.Vocabulary`, a path ...). ``backend`` is the engine's
+    base URL, ``kind`` one of :data:`.backends.KINDS`. ``model`` is the name
+    served (in ``/v1/models`` and every response; default: the template's
+    name) and, when ``backend_model`` is None, nothing is sent to the
+    engine as its model. ``timeout`` (seconds) bounds each wait on the
+    backend: connecting, and each read. ``grammar=False`` sends no
+    completion grammar to the backend."""
+
+    def __init__(self, template: Template, tokenizer: Any, backend: str, *, kind: str = "vllm",
+                 model: str | None = None, backend_model: str | None = None, timeout: float = 600.0,
+                 grammar: bool = True) -> None:
+        if kind not in BACKENDS:
+            raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
+                              option="backend_kind")
+        parts = urlsplit(backend)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise OptionError(f"the backend must be an http:// or https:// URL, not {backend!r}", option="backend")
+        self.template = template
+        self.binding = template.bind(tokenizer)
+        self.vocab: Vocabulary = self.binding.vocab
+        # The template's methods take the Vocabulary itself at no cost (a
+        # path would be resolved on every call).
+        self.tokenizer = self.vocab
+        self.dialect = template.dialect
+        self.url = backend
+        self.kind = kind
+        self.model = model or backend_model or template.name
+        self.backend_model = backend_model
+        self.timeout = timeout
+        self.grammar = grammar
+        self.created = int(time.time())
+        self._backend: Backend | None = None
+
+    # -- the app -----------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        """The Starlette app."""
+        routes = [
+            Route("/v1/chat/completions", _Endpoint(self.serve_chat), methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        app = _App(routes=routes, lifespan=self._lifespan,
+                   exception_handlers={HTTPException: self._http_error, Exception: self._server_error})
+        app.chat = self.serve_chat
+        return app
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        backend = BACKENDS[self.kind](self.url, model=self.backend_model, timeout=self.timeout)
+        self._backend = backend
+        try:
+            yield
+        finally:
+            self._backend = None
+            await backend.aclose()
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise RuntimeError("the app has not started (its lifespan makes the backend client)")
+        return self._backend
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), type=kind, code=exc.status_code)
+
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code=500)
+
+    # -- endpoints ---------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        return _json({"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
+                                                  "owned_by": "xtml"}]})
+
+    async def health(self, request: Request) -> Response:
+        try:
+            await self.backend.health()
+        except BackendError as e:
+            return _error(503, str(e), type="backend_error", code=e.code)
+        return _json({"status": "ok", "backend": self.url, "kind": self.kind, "model": self.model})
+
+    async def serve_chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/chat/completions``, as an ASGI app."""
+        try:
+            await self._chat(receive, send)
+        except Exception as e:  # a fault of the gateway itself, before its answer started
+            log.exception("a chat completion failed")
+            with contextlib.suppress(Exception):
+                await _respond(send, 500, _error_body(500, f"internal error: {type(e).__name__}: {e}",
+                                                      type="server_error", code=500))
+
+    async def _chat(self, receive: Receive, send: Send) -> None:
+        raw = b""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left
+            raw = raw + message.get("body", b"") if raw else message.get("body", b"")
+            if len(raw) > MAX_BODY:
+                await _respond(send, 413, _error_body(413, f"the request body is larger than {MAX_BODY:,} bytes",
+                                                      type="invalid_request_error"))
+                return
+            if not message.get("more_body"):
+                break
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            await _respond(send, 400, _error_body(400, f"the request body is not JSON: {e}",
+                                                  type="invalid_request_error"))
+            return
+        try:
+            if len(raw) > _THREAD_BODY:
+                job = await asyncio.to_thread(self.job, body)
+            else:
+                job = self.job(body)
+        except XtmlError as e:
+            await _respond(send, *_request_error(e))
+            return
+        if job.stream:
+            await self._stream(job, receive, send)
+        else:
+            await self._complete(job, receive, send)
+
+    # -- a request ---------------------------------------------------------------------
+
+    def job(self, body: Any) -> _Job:
+        """Check a chat-completions body and render its prompt; bad requests
+        raise :class:`~xtml.RequestError` naming where."""
+        if not isinstance(body, dict):
+            raise RequestError(f"the request must be a JSON object, not {type(body).__name__}")
+        stream = body.get("stream")
+        if stream is not None and type(stream) is not bool:
+            raise RequestError("stream must be true or false", location="stream")
+        so = body.get("stream_options")
+        if so is not None and not isinstance(so, Mapping):
+            raise RequestError("stream_options must be an object", location="stream_options")
+        include_usage = bool(so and so.get("include_usage"))
+        params = sampling(body)
+        t = self.template
+        o, msgs = prepare(self.dialect, body, {"unknown_keys": "ignore", "max_chars": t.max_chars})
+        if o.continue_final:
+            raise OptionError("continue_final_message is not served: a chat completion starts a new assistant "
+                              "message", option="continue_final_message")
+        if not o.add_generation_prompt:
+            raise OptionError("a chat completion continues the generation prompt: add_generation_prompt "
+                              "cannot be false", option="add_generation_prompt")
+        sink = self.binding.sink()
+        render(self.dialect, o, msgs, sink)
+        ids = sink.finish()
+        grammar = None
+        if self.grammar and (o.tool_choice == "required" or o.response_format is not None
+                             or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
+            grammar = completion_grammar(t, body, self.tokenizer, unknown_keys="ignore")
+        gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar)
+        return _Job(gen, o.thinking, bool(stream), include_usage)
+
+    async def _complete(self, job: _Job, receive: Receive, send: Send) -> None:
+        watch = _Watch(receive)
+        try:
+            out = await self.backend.generate(job.gen)
+        except BackendError as e:
+            watch.stop()
+            await _respond(send, *_backend_error(e))
+            return
+        except asyncio.CancelledError:
+            watch.stop()
+            if not watch.forgive():
+                raise
+            return  # nobody is listening
+        watch.stop()
+        ids = out.ids
+        try:
+            parsed = self.template.parse(ids, self.tokenizer, completion=True, lenient=True, thinking=job.thinking,
+                                         max_chars=max(len(ids), 1))
+        except XtmlError as e:
+            await _respond(send, 502, _error_body(502, f"the backend's ids cannot be read: {e}",
+                                                  type="backend_error", code="backend_invalid_response"))
+            return
+        completion = chat_completion(parsed, model=self.model, prompt_tokens=len(job.gen.prompt),
+                                     completion_tokens=len(ids))
+        await _respond(send, 200, _dumps(completion))
+
+    async def _stream(self, job: _Job, receive: Receive, send: Send) -> None:
+        pieces = self.backend.stream(job.gen)
+        watch = _Watch(receive)
+        try:
+            # The first piece is awaited before answering, so that a backend
+            # that is down or refuses gets its own status code, not a stream.
+            try:
+                first = await anext(pieces, None)
+            except BackendError as e:
+                watch.stop()
+                await _respond(send, *_backend_error(e))
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            ended = await self._events(job, first, pieces, send, watch)
+            if ended:
+                # The client has its answer; the engine's closing events are
+                # read so that its connection can be used again (ids instead
+                # mean the model goes on: closing the stream stops it).
+                with contextlib.suppress(BackendError, TimeoutError):
+                    async with asyncio.timeout(_FINISH):
+                        await anext(pieces, None)
+        except asyncio.CancelledError:
+            watch.stop()
+            if not watch.forgive():
+                raise
+        except OSError:
+            pass  # the client went away while being written to
+        finally:
+            watch.stop()
+            await pieces.aclose()
+
+    async def _events(self, job: _Job, piece: Piece | None, pieces: AsyncGenerator[Piece, None], send: Send,
+                      watch: _Watch) -> bool:
+        """Write the stream's events, one payload per piece; true when the
+        message ended before the engine's stream did."""
+        parser = self.template.stream(self.tokenizer, thinking=job.thinking)
+        chunks = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template)
+        sse = SSE(chunks)
+        out = [sse(c) for c in chunks.feed(())]
+        n = 0
+        early = False
+        try:
+            while piece is not None:
+                ids, finish = piece
+                if ids:
+                    if chunks.finish_reason is not None:
+                        # The model goes on after the end of its message (an
+                        # engine without the end marker as a stop id): that
+                        # is not read, and closing the stream stops it.
+                        n += len(ids)
+                        break
+                    n += len(ids)
+                    for c in chunks.feed(parser.feed(ids[0]) if len(ids) == 1 else parser.feed_many(ids)):
+                        out.append(sse(c))
+                if finish is not None:
+                    break
+                if chunks.finish_reason is not None:
+                    early = True
+                    break
+                if out:
+                    await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": True})
+                    out = []
+                piece = await anext(pieces, None)
+        except BackendError as e:
+            if chunks.finish_reason is None:
+                out.append(_error_event(str(e), type="backend_error", code=e.code))
+                watch.stop()
+                await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
+                return False
+            # The message had ended: what failed after it is not the
+            # client's concern.
+        except OSError:
+            raise  # the client went away
+        except Exception as e:  # a fault of the gateway itself: the stream says so and ends
+            log.exception("the stream of a chat completion failed")
+            out.append(_error_event(f"internal error: {type(e).__name__}: {e}", type="server_error", code=500))
+            watch.stop()
+            await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
+            return False
+        for c in chunks.feed(parser.close()):
+            out.append(sse(c))
+        for c in chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n):
+            out.append(sse(c))
+        out.append(SSE_DONE)
+        watch.stop()
+        await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
+        return early
+
+
+class SSE:
+    """``openai.sse`` for the chunks of one :class:`ChunkStream`, the same
+    text, with the chunk's constant part written once: most chunks are one
+    delta (a piece of text or of arguments), and encoding only that delta
+    is several times cheaper than encoding the chunk."""
+
+    __slots__ = ("head", "size", "tail")
+
+    def __init__(self, chunks: ChunkStream) -> None:
+        base: dict[str, Any] = {"id": chunks.id, "object": "chat.completion.chunk", "created": chunks.created,
+                                "model": chunks.model}
+        if chunks.include_usage:
+            base["usage"] = None
+        self.size = len(base) + 1
+        self.head = sse(base)[:-3] + ',"choices":[{"index":0,"delta":'
+        self.tail = ',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def __call__(self, chunk: dict[str, Any]) -> str:
+        choices = chunk["choices"]
+        if len(chunk) == self.size and len(choices) == 1:
+            c = choices[0]
+            if len(c) == 4 and c["finish_reason"] is None and c["index"] == 0 and c["logprobs"] is None:
+                delta = c["delta"]
+                if len(delta) == 1:
+                    key, value = next(iter(delta.items()))
+                    if type(value) is str:
+                        return self.head + "{" + encode_basestring(key) + ":" + encode_basestring(value) + "}" \
+                            + self.tail
+                return self.head + json.dumps(delta, ensure_ascii=False, separators=(",", ":")) + self.tail
+        return sse(chunk)
+
+
+def _error_event(message: str, *, type: str, code: str | int | None) -> str:
+    return "data: " + _error_body(0, message, type=type, code=code).decode() + "\n\n" + SSE_DONE
+
+
+class _Watch:
+    """Cancels the task serving a request when its client disconnects, so
+    that what it waits on (the engine) is given up at once, not at the next
+    write. One task per request watches."""
+
+    __slots__ = ("_task", "_watcher", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._task: asyncio.Task[Any] | None = asyncio.current_task()
+        self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        task = self._task
+        if task is not None:
+            self.gone = True
+            task.cancel()
+
+    def stop(self) -> None:
+        """No cancelling from now on: the answer is being written to its end."""
+        self._task = None
+        self._watcher.cancel()
+
+    def forgive(self) -> bool:
+        """Take back the cancel of a client that left; false for any other
+        cancel (the server stopping), which goes on."""
+        task = asyncio.current_task()
+        if not self.gone or task is None:
+            return False
+        task.uncancel()
+        return True
+
+
+class _Endpoint:
+    """An ASGI app as a Starlette route's endpoint (a bound method would be
+    taken for a request-response function)."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+class _App(Starlette):
+    """Starlette, with ``POST /v1/chat/completions`` served ahead of its
+    middleware and routing: those wrap every ``send`` of a stream, and the
+    endpoint handles its own errors."""
+
+    chat: Callable[[Scope, Receive, Send], Awaitable[None]]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
+            scope["app"] = self
+            await self.chat(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(template: Template, tokenizer: Any, backend: str, **options: Any) -> Starlette:
+    """The gateway's Starlette app; ``options`` are :class:`Gateway`'s."""
+    return Gateway(template, tokenizer, backend, **options).app()
