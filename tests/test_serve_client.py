@@ -1,9 +1,9 @@
-"""xtml serve's HTTP/1.1 client (xtml.serving.client) against small raw
-servers on the loopback address that answer scripted bytes: every framing
-(Content-Length, chunked with extensions and trailers, until close), split
-at every byte; keep-alive and a pooled connection the server closed;
-answers cut short or not HTTP; timeouts; a read handing back every event
-that has arrived at once."""
+"""xtml serve's engine client (xtml.serving.client, on httpx) against small
+raw servers on the loopback address that answer scripted bytes: every
+framing (Content-Length, chunked with extensions and trailers, until close),
+split at every byte; keep-alive; answers cut short or not HTTP, each mapped
+to the error the gateway turns into a 502; timeouts; closing an unfinished
+answer closes the connection (the engine's cancellation)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from xtml.serving.client import Client, ConnectError, ConnectionLost, ProtocolError, Timeout, _Connection
-from xtml.serving.client import Response as ClientResponse
+from xtml.serving.client import Client, ConnectError, ConnectionLost, ProtocolError, Timeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -126,35 +125,12 @@ def test_the_request_goes_out_whole_and_connections_are_kept() -> None:
             assert srv.connections == 1
             head = srv.requests[0][0].decode()
             assert head.startswith("POST /prefix/v1/completions HTTP/1.1\r\n")
-            assert f"Host: 127.0.0.1:{url.rsplit(':', 1)[1]}\r\n" in head
-            assert "Content-Length: 8\r\n" in head and "Content-Type: application/json\r\n" in head
+            lines = head.lower()
+            assert f"host: 127.0.0.1:{url.rsplit(':', 1)[1]}\r\n" in lines
+            assert "content-length: 8\r\n" in lines and "content-type: application/json\r\n" in lines
             await client.aclose()
 
     server: Any = None
-    asyncio.run(run())
-
-
-def test_a_pooled_connection_the_server_closed_is_replaced() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, k: int) -> None:
-        await read_request(reader)
-        writer.write(answer(b"first" if k == 0 else b"again", "length"))
-        await writer.drain()
-        if k == 0:
-            # The next request comes on this kept connection; the server
-            # closes it instead of answering, as one whose keep-alive ran
-            # out just then does.
-            await read_request(reader)
-            return
-        await reader.read()
-
-    async def run() -> None:
-        async with serving(handler) as (srv, url):
-            client = Client(url, timeout=10)
-            assert await client.request("GET", "/") == (200, b"first")
-            assert await client.request("GET", "/") == (200, b"again")
-            assert srv.connections == 2
-            await client.aclose()
-
     asyncio.run(run())
 
 
@@ -165,35 +141,10 @@ def test_a_new_connection_closed_without_an_answer_is_not_retried() -> None:
     async def run() -> None:
         async with serving(handler) as (srv, url):
             client = Client(url, timeout=10)
-            with pytest.raises(ConnectionLost, match="before an answer"):
+            with pytest.raises(ConnectionLost, match="disconnected"):
                 await client.request("POST", "/", b"{}")
             assert srv.connections == 1
             await client.aclose()
-
-    asyncio.run(run())
-
-
-@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
-def test_the_decoder_at_every_split(framing: str) -> None:
-    wire = answer(BODY, framing)
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        for cut in range(1, len(wire)):
-            conn = _Connection(loop)
-            client = Client("http://127.0.0.1:1")
-            conn.data_received(wire[:cut])
-            head = asyncio.ensure_future(client._head(conn, "POST"))
-            await asyncio.sleep(0)
-            got = b""
-            if head.done():  # the head was whole: what came of the body is decoded now
-                got = head.result()._decode(conn)
-            conn.data_received(wire[cut:])
-            if framing == "close":
-                conn.eof_received()
-            resp = await head
-            got += await resp.content(1 << 20)
-            assert (resp.status, got, resp.done) == (200, BODY, True), cut
 
     asyncio.run(run())
 
@@ -293,25 +244,9 @@ def test_closing_an_unfinished_answer_closes_the_connection() -> None:
             assert await resp.read() == b"abc"
             resp.close()
             await asyncio.wait_for(srv.gone.wait(), 10)
-            assert not client._idle
             await client.aclose()
 
     server: Any = None
-    asyncio.run(run())
-
-
-def test_a_read_gives_everything_that_has_arrived() -> None:
-    async def run() -> None:
-        conn = _Connection(asyncio.get_running_loop())
-        resp = ClientResponse(Client("http://127.0.0.1:1"), conn, 200, {}, True, "chunked", 0)
-        events = [b'data: {"token_ids": [%d]}\n\n' % k for k in range(5)]
-        for e in events:
-            conn.data_received(b"%x\r\n" % len(e) + e + b"\r\n")
-        assert await resp.read() == b"".join(events)
-        conn.data_received(b"0\r\n\r\n")
-        assert await resp.read() == b""
-        assert resp.done
-
     asyncio.run(run())
 
 
@@ -319,5 +254,4 @@ def test_only_http_urls() -> None:
     for url in ("ftp://x", "127.0.0.1:8000", "http://"):
         with pytest.raises(ValueError):
             Client(url)
-    c = Client("https://engine.example/v1/")
-    assert (c.host, c.port, c.tls, c.prefix) == ("engine.example", 443, True, "/v1")
+    assert Client("https://engine.example/v1/").url == "https://engine.example/v1"
