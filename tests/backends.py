@@ -153,13 +153,7 @@ class StandIn:
         if method != "POST" or path != self.path:
             await _send_json(send, 404, {"error": {"message": f"no route {method} {path}"}})
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        body = json.loads(raw)
+        body = json.loads(await _read_body(receive))
         if self.record:
             self.requests.append(body)
         gone = asyncio.Event()
@@ -297,6 +291,16 @@ async def _send(send: Send, status: int, body: bytes, ctype: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def _read_body(receive: Any) -> bytes:
+    """A request's whole body, from its ASGI messages."""
+    raw = b""
+    while True:
+        msg = await receive()
+        raw += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return raw
+
+
 async def _send_json(send: Send, status: int, obj: Any) -> None:
     await _send(send, status, json.dumps(obj).encode(), "application/json")
 
@@ -383,13 +387,7 @@ class Relay:
         if scope["path"] == "/health":
             await _send_json(send, 200, {"status": "ok"})
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        request = json.loads(raw)
+        request = json.loads(await _read_body(receive))
         body = {**self.body, "seed": request.get("seed", 0), "stream": bool(request.get("stream"))}
         if self.own is not None:
             await self._own(body, send)
