@@ -186,12 +186,14 @@ async def run(quick: bool) -> dict[str, Any]:
 
         (tmp / "body.json").write_text(json.dumps(direct_body(0, False)))
         relays = {}
+        pids = {"direct": engine.pid, "gateway": gateway.pid}
         for client in ("httpx", "xtml"):
             relay = start([sys.executable, "-m", "tests.backends", "--relay", backend, "--body", str(tmp / "body.json"),
                            "--client", client], tmp / f"relay-{client}.log")
             procs.append(relay)
             assert relay.stdout is not None
             relays[client] = f"http://127.0.0.1:{int(relay.stdout.readline().split()[1])}/v1/chat/completions"
+            pids[f"relay_{client}"] = relay.pid
 
         chat = url + "/v1/chat/completions"
         completions = backend + "/v1/completions"
@@ -213,15 +215,22 @@ async def run(quick: bool) -> dict[str, Any]:
             for p in paths:
                 for _ in range(20):
                     await timed_post(http, *paths[p](0, False))
+            cpu: dict[str, float] = {p: 0.0 for p in paths}
             for block in range(n // 10):
                 order = list(paths) if block % 2 else list(reversed(paths))
                 for p in order:
+                    c0 = cpu_seconds(pids[p])
                     got = [await timed_post(http, *paths[p](0, False)) for _ in range(10)]
+                    cpu[p] += cpu_seconds(pids[p]) - c0
                     lat[p] += got
                     blocks[p].append(statistics.median(got))
             req: dict[str, Any] = {p: {"p50_ms": percentile(xs, 0.5) * 1e3, "p99_ms": percentile(xs, 0.99) * 1e3}
                                    for p, xs in lat.items()}
             req["n"] = n
+            # The CPU of the process each path reaches first (the engine for
+            # direct), per request: what the hop and the gateway's work cost
+            # whatever the machine's wake-up latency.
+            req["cpu_ms"] = {p: c / n * 1e3 for p, c in cpu.items()}
             for base in ("direct", "relay_httpx", "relay_xtml"):
                 req[f"added_over_{base}_ms"] = statistics.median(
                     g - d for g, d in zip(blocks["gateway"], blocks[base], strict=True)) * 1e3
@@ -296,6 +305,8 @@ def main() -> int:
     print(f"  {'  over the xtml-client relay':<40}{req['added_over_relay_xtml_ms']:8.2f}  "
           f"{req['added_over_relay_xtml_p99_ms']:8.2f}")
     print(f"  {'the hop alone (xtml relay vs direct)':<40}{req['relay_xtml_over_direct_ms']:8.2f}")
+    print("  CPU per request, ms, of the process reached: "
+          + ", ".join(f"{p} {c:.2f}" for p, c in req["cpu_ms"].items()))
     print()
     print("per streamed token, µs  direct  relay/httpx  relay/xtml  gateway │ added: per stream  ÷ streams"
           "  over relay/xtml │ gateway CPU")

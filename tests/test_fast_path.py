@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xtml
 from tests.conftest import k3_vocab, load_cases, request_of
+from tests.test_stream import completions
 from xtml.markup.parse import build, build_ids_fast
 
 VECTORS = load_cases("vectors.json")
@@ -59,3 +60,51 @@ def test_fast_path_never_disagrees_on_mutations(case: dict[str, Any], data: st.D
     got = fast(b, ids)
     if got is not None:
         assert got == general(b, ids)
+
+
+def _outcome(t: xtml.Template, ids: list[Any], thinking: bool, lenient: bool) -> Any:
+    try:
+        return t.parse(ids, k3_vocab(), completion=True, thinking=thinking, lenient=lenient)
+    except xtml.ParseError as e:
+        return ("error", str(e), e.offset)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_completions_parse_the_same_through_the_one_pass_builder(data: st.DataObject) -> None:
+    """A completion whose ids are well-formed is read from the one-pass
+    tree; with that path switched off, the general lexer and driver give
+    the same message, diagnostics and errors (with their offsets), strict
+    and lenient, on rendered completions with and without the stop marker
+    and on mutated ones."""
+    k3 = xtml.load()
+    ids, thinking = data.draw(completions(k3, k3_vocab()))
+    b = k3.bind(k3_vocab())
+    if ids and ids[-1] == b.marker_ids[k3.markers.end] and data.draw(st.booleans()):
+        ids = ids[:-1]  # the engine stripped the stop token
+    for lenient in (False, True):
+        fast_way = _outcome(k3, ids, thinking, lenient)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(type(b), "well_formed", lambda self, xs: None)
+            general_way = _outcome(k3, ids, thinking, lenient)
+        assert fast_way == general_way
+
+
+def test_a_rendered_completion_takes_the_one_pass_builder() -> None:
+    k3 = xtml.load()
+    vocab = k3_vocab()
+    b = k3.bind(vocab)
+    text = ('Hi.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="f" '
+            'index="1"<|sep|><|open|>argument key="q" type="string"<|sep|>x<|close|>argument<|sep|>'
+            "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>")
+    ids = k3.completion_ids(text, vocab)
+    end = b.marker_ids[k3.markers.end]
+    seen: list[bool] = []
+    real = type(b).well_formed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(b), "well_formed", lambda self, xs: seen.append(real(self, xs) is not None) or real(self, xs))
+        with_end = k3.parse([*ids, end], vocab, completion=True, thinking=False)
+        without = k3.parse(ids, vocab, completion=True, thinking=False)
+    assert seen == [True, True]
+    assert with_end == without
+    assert with_end["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"q": "x"}'}

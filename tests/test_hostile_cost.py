@@ -9,6 +9,7 @@ generous timeout is only a guard (bench/bench_scale.py measures the slopes).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from xtml.chat.dialect import (
     check_text,
 )
 from xtml.chat.regex_check import RegexRisk, check_pattern
-from xtml.chat.request import MAX_CHARS, request_size
+from xtml.chat.request import MAX_CHARS, _walk_size, request_size
 from xtml.markup import grammar
 from xtml.markup.parse import QUOTE_LIMIT, build, excerpt, lex_text
 from xtml.template import Template
@@ -423,6 +424,24 @@ def test_request_size_counts_every_string() -> None:
     assert request_size(req, 100) > 100
     shared = {"role": "user", "content": "y" * 100}
     assert request_size({"messages": [shared] * 1000}, 10**9) > 100_000
+
+
+def test_request_size_of_a_tool_list_seen_before_is_the_same() -> None:
+    """The size of a tool list is kept by its marshal bytes: the same list
+    again (a new object) counts the same, a changed one is walked anew, and
+    a list past the limit is refused whether known or not."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "description": "d" * 300}}}}}]
+    req = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    first = request_size(req, 10**9)
+    assert first == _walk_size(req, 10**9) > 300
+    assert request_size(json.loads(json.dumps(req)), 10**9) == first
+    longer = json.loads(json.dumps(req))
+    longer["tools"][0]["function"]["name"] = "fg"
+    assert request_size(longer, 10**9) == first + 1
+    for _ in range(2):
+        with pytest.raises(xtml.RequestError, match="more than max_chars=200"):
+            K3.render(req, max_chars=200)
 
 
 def test_request_that_contains_itself_ends_in_an_error() -> None:

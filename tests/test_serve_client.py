@@ -1,4 +1,4 @@
-"""xtml serve's engine client (xtml.serving.client, on httpx) against small
+"""xtml serve's engine client (xtml.serving.client, on aiohttp) against small
 raw servers on the loopback address that answer scripted bytes: every
 framing (Content-Length, chunked with extensions and trailers, until close),
 split at every byte; keep-alive; answers cut short or not HTTP, each mapped
@@ -134,6 +134,31 @@ def test_the_request_goes_out_whole_and_connections_are_kept() -> None:
     asyncio.run(run())
 
 
+def test_cookies_an_engine_sets_are_never_sent() -> None:
+    """One caller's answer must not shape the next caller's request."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, k: int) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            server.requests.append((head, b""))
+            writer.write(b"HTTP/1.1 200 OK\r\nset-cookie: session=abc; Path=/\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def run() -> None:
+        nonlocal server
+        async with serving(handler) as (srv, url):
+            server = srv
+            # By name: a cookie jar keeps no cookies of a bare IP address.
+            client = Client(url.replace("127.0.0.1", "localhost"), timeout=10)
+            for _ in range(3):
+                assert await client.request("POST", "/x", b"{}") == (200, b"ok")
+            assert len(srv.requests) == 3
+            assert not any(b"cookie" in head.lower() for head, _ in srv.requests)
+            await client.aclose()
+
+    server: Any = None
+    asyncio.run(run())
+
+
 def test_a_new_connection_closed_without_an_answer_is_not_retried() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, k: int) -> None:
         await read_request(reader)
@@ -223,6 +248,7 @@ def test_no_connection_and_no_answer() -> None:
         refused = Client(url, timeout=10)  # the server is closed now
         with pytest.raises(ConnectError):
             await refused.request("GET", "/")
+        await refused.aclose()
 
     asyncio.run(run())
 

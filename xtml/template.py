@@ -390,10 +390,18 @@ class Template:
             if not completion:
                 doc = binding.document(ids, lenient=lenient)
                 return parse_conversation(self.dialect, doc, lenient=lenient)
-            if completion:
-                prefix_ids = binding.encode(prompt)
-                shift = len(prefix_ids)
-                ids = prefix_ids + ids
+            prefix_ids = binding.encode(prompt)
+            shift = len(prefix_ids)
+            ids = prefix_ids + ids
+            # A whole completion (the usual case) takes the one-pass tree
+            # builder; the end marker an engine strips is put back first.
+            end = binding.end_after_close(ids, self.dialect.names["message"])
+            whole = binding.well_formed(ids if end is None else [*ids, end])
+            if whole is not None:
+                try:
+                    return parse_completion(self.dialect, whole, thinking=on, lenient=lenient, shift=shift)
+                except ParseError as e:
+                    raise _relocate(e, shift, None) from None
             try:
                 lx = binding.lex(ids)
             except ParseError as e:

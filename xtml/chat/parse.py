@@ -35,6 +35,7 @@ class Reader:
         self.a_tool = frozenset((n["role"], n["tool"], n["index"]))
         self.a_call = frozenset((n["tool"], n["index"]))
         self.a_arg = frozenset((n["key"], n["type"]))
+        self.order = {tag: k for k, tag in enumerate(d.channels())}
 
     def problem(self, el: Element | None, msg: str, kind: str, path: str = "") -> None:
         off = el.offset if el is not None and el.offset >= 0 else 0
@@ -168,7 +169,7 @@ class Reader:
         msg: dict[str, Any] = {"role": "assistant"}
         if a.get(n["name"]):
             msg["name"] = a[n["name"]]
-        order = {tag: k for k, tag in enumerate(self.d.channels())}
+        order = self.order
         seen: dict[str, Element] = {}
         last = -1
         children = self._hoist(el.children, order, path) if self.lenient else el.children

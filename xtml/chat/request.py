@@ -576,6 +576,33 @@ def request_size(request: Any, limit: int) -> int:
     stops at the first level that crosses it). Values nested deeper than
     Python's recursion limit are left to :func:`prepare`, which refuses
     them; so a value that contains itself is not walked forever."""
+    tools = request.get("tools") if type(request) is dict else None
+    if type(tools) is list and tools:
+        # The same tool list (deep JSON schemas, most of a short request's
+        # walk) comes with every request of a conversation: its size is kept
+        # by its marshal bytes, as json_compact keeps its JSON.
+        try:
+            key = marshal.dumps(tools)
+        except ValueError:
+            key = b""
+        size = _tool_sizes.get(key) if key else None
+        if size is None:
+            size = _walk_size(tools, limit)
+            if key and size <= limit and len(key) <= _COMPACT_MAX:
+                if len(_tool_sizes) >= 64:
+                    _tool_sizes.clear()
+                _tool_sizes[key] = size
+        if size > limit:
+            return size
+        rest = {k: v for k, v in request.items() if k != "tools"}
+        return size + len("tools") + _walk_size(rest, limit - size)
+    return _walk_size(request, limit)
+
+
+_tool_sizes: dict[bytes, int] = {}
+
+
+def _walk_size(request: Any, limit: int) -> int:
     # Level by level, so that a container's children are queued in C
     # (``extend``): this runs on every request.
     total = 0

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
         from ..serving.gateway import KEEP_ALIVE, create_app
     except ImportError as e:
-        raise ServeError(f"xtml serve needs starlette and uvicorn ({e.name} is missing): "
+        raise ServeError(f"xtml serve needs starlette, uvicorn and aiohttp ({e.name} is missing): "
                          "pip install 'xtml[serve]'") from None
     tpl = load(args.template)
     vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())

@@ -527,6 +527,22 @@ def _tag_pattern(marker_kinds: dict[int, tuple[str, str]]) -> re.Pattern[str] | 
     (groups 1, 2, 3: open header, body, close header), a whole open tag
     (group 4 = header), a whole close tag (group 5), the end marker (no
     group), or any other marker (group 6)."""
+    # Callers pass the same table on every call (a binding's): by identity
+    # first, which skips rebuilding the key, a tenth of a short parse. The
+    # entry holds the table, so its id is not reused while cached.
+    seen = _by_table.get(id(marker_kinds))
+    if seen is not None and seen[0] is marker_kinds:
+        return seen[1]
+    pat = _build_tag_pattern(marker_kinds)
+    if len(_by_table) < 256:
+        _by_table[id(marker_kinds)] = (marker_kinds, pat)
+    return pat
+
+
+_by_table: dict[int, tuple[dict[int, tuple[str, str]], re.Pattern[str] | None]] = {}
+
+
+def _build_tag_pattern(marker_kinds: dict[int, tuple[str, str]]) -> re.Pattern[str] | None:
     by_kind: dict[str, list[int]] = {}
     for i, (kind, _) in marker_kinds.items():
         by_kind.setdefault(kind, []).append(i)

@@ -41,7 +41,7 @@ Failures are :class:`BackendError`, with the HTTP status the gateway answers
 (502: unreachable, refused, or an answer that is not the engine's format;
 504: timed out; 400: the engine refused the request as too long or invalid).
 
-The engine is reached with :class:`~.client.Client` (httpx, pooled
+The engine is reached with :class:`~.client.Client` (aiohttp, pooled
 connections), which hands a stream's reader everything that has arrived at
 once, so that a read's events are parsed in one pass.
 """

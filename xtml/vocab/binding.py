@@ -250,6 +250,25 @@ class Binding:
                 return doc
             return build(self._lex(ids), lenient=lenient)  # ids were checked above
 
+    def well_formed(self, ids: Sequence[int]) -> Document | None:
+        """The markup tree of ids, or None unless they are well-formed and
+        in range (the one-pass fast path alone; the caller then runs the
+        general lexer, which reports and repairs)."""
+        as_text = ids_as_text(ids) if ids else None
+        if as_text is None or self._beyond(as_text) or self.text_marks:
+            return None
+        if len(self._tags) > _CACHE_LIMIT:
+            self._tags.clear()
+        with collector_paused():
+            return build_ids_fast(ids, self.kind_of_id, self.vocab.decode_runs, self._tags, as_text=as_text)
+
+    def end_after_close(self, ids: Sequence[int], tag: str) -> int | None:
+        """The end marker's id when ``ids`` end with the close tag of ``tag``
+        as the template writes it (a completion whose stop token the engine
+        stripped), else None."""
+        close = self._close_ids(tag)
+        return self.marker_ids[self.markers.end] if ids[-len(close):] == close else None
+
     def _beyond(self, as_text: str) -> bool:
         """Whether ids given as characters (:func:`ids_as_text`) hold one
         past the vocabulary."""

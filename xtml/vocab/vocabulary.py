@@ -33,6 +33,11 @@ _SHORT_LIMIT = 16384
 # Ids decoded through the library before the byte table is built (see
 # Vocabulary._table_for).
 _TABLE_AFTER = 1 << 20
+# Up to this many runs and ids, runs decode one call each (measured on a
+# 129k byte-level vocabulary: 16 runs of 3 ids 22 µs against 40 µs batched;
+# past a few hundred ids the pool's threads win).
+_EACH_RUNS = 16
+_EACH_IDS = 320
 
 # Held while a byte table is built (a fraction of a second, once per
 # vocabulary): a thread that asks meanwhile waits for the table instead of
@@ -193,6 +198,12 @@ class Vocabulary:
     def _decode(self, runs: list[Sequence[int]], fallback: tuple[type[Exception], ...]) -> list[str]:
         table = self._table_for(runs)
         if not table:
+            if len(runs) <= _EACH_RUNS and sum(map(len, runs)) <= _EACH_IDS:
+                # decode_batch hands the runs to a thread pool, about 12 µs
+                # whatever the size: a short completion's few runs decode
+                # faster one call each.
+                dec = self._tok.decode
+                return [dec(run, skip_special_tokens=False) for run in runs]
             return list(self._tok.decode_batch(runs, skip_special_tokens=False))
         out: list[str] = []
         for run in runs:
