@@ -41,7 +41,7 @@ PY = sys.executable
 TARGET = 1.5  # command / tokenizer load
 
 # Not needed to render or parse: importing any of them at start-up is a bug.
-HEAVY = ("lark", "hypothesis", "pyarrow", "pydantic", "starlette", "uvicorn", "httpx", "openai", "rich",
+HEAVY = ("lark", "hypothesis", "pyarrow", "pydantic", "starlette", "uvicorn", "httpx", "aiohttp", "openai", "rich",
          "datasets", "ray", "numpy", "transformers", "llguidance", "PIL", "xtml.training.dataset",
          "concurrent.futures.process")
 

@@ -166,7 +166,7 @@ def test_an_id_just_past_the_vocabulary_is_refused() -> None:
 def test_start_up_imports_no_grammar_or_optional_machinery() -> None:
     code = ("import sys, xtml, xtml.cli.main; xtml.load('kimi-k3');"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in"
-            " ('lark', 'hypothesis', 'pyarrow', 'pydantic', 'starlette', 'uvicorn', 'httpx', 'openai')"
+            " ('lark', 'hypothesis', 'pyarrow', 'pydantic', 'starlette', 'uvicorn', 'httpx', 'aiohttp', 'openai')"
             " or m in ('xtml.training.dataset', 'concurrent.futures.process')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=120)
