@@ -239,15 +239,13 @@ class Binding:
         as_text = ids_as_text(ids) if ids else None
         if as_text is None or self._beyond(as_text):
             self._check_ids(ids)
-        if len(self._tags) > _CACHE_LIMIT:
-            self._tags.clear()
+        try:
+            doc = self._one_pass(ids, as_text)
+        except (TypeError, ValueError, OverflowError):
+            self._bad_id(ids)
+        if doc is not None and not self.text_marks:
+            return doc
         with collector_paused():
-            try:
-                doc = build_ids_fast(ids, self.kind_of_id, self.vocab.decode_runs, self._tags, as_text=as_text)
-            except (TypeError, ValueError, OverflowError):
-                self._bad_id(ids)
-            if doc is not None and not self.text_marks:
-                return doc
             return build(self._lex(ids), lenient=lenient)  # ids were checked above
 
     def well_formed(self, ids: Sequence[int]) -> Document | None:
@@ -257,6 +255,9 @@ class Binding:
         as_text = ids_as_text(ids) if ids else None
         if as_text is None or self._beyond(as_text) or self.text_marks:
             return None
+        return self._one_pass(ids, as_text)
+
+    def _one_pass(self, ids: Sequence[int], as_text: str | None) -> Document | None:
         if len(self._tags) > _CACHE_LIMIT:
             self._tags.clear()
         with collector_paused():
