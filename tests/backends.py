@@ -47,7 +47,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -74,10 +74,14 @@ class StandIn:
     ``--incremental-streaming-output``.
     """
 
-    def __init__(self, kind: str, *, eog: tuple[int, ...] = (), vocab_size: int = 1 << 20) -> None:
+    def __init__(self, kind: str, *, eog: tuple[int, ...] = (), vocab_size: int = 1 << 20,
+                 token_bytes: Sequence[bytes | None] | None = None) -> None:
         if kind not in PATHS:
             raise ValueError(kind)
         self.kind = kind
+        # llamacpp: the bytes of each id (None: a control token, no text),
+        # to stream as llama.cpp does (see _events).
+        self.token_bytes = token_bytes
         self.path = PATHS[kind]
         self.eog = eog
         self.vocab_size = vocab_size
@@ -272,10 +276,36 @@ class StandIn:
                 yield data({"text": "", "output_ids": [], "meta_info": self._meta(prompt, 0, finish, matched)})
             yield b"data: [DONE]\n\n"
         else:
-            for t in ids:
-                yield data({"index": 0, "content": "", "tokens": [t], "stop": False, "id_slot": 0})
+            # llama.cpp (tools/server/server-context.cpp, process_token and
+            # send_partial_response): a token whose text leaves the generated
+            # text ending inside a UTF-8 character (validate_utf8, in
+            # server-common.cpp) is sent with no event; the next event has
+            # the held text and only its own id, "tokens": [tok], and
+            # "tokens_predicted" counts every generated id. The last event
+            # of a stream has empty "content" and "tokens".
+            table = self.token_bytes
+            held = b""
+            for n, t in enumerate(ids, 1):
+                if table is not None:
+                    held += (table[t] if 0 <= t < len(table) else None) or b""  # out_of_range: no text
+                    if _cut_inside_a_character(held):
+                        continue
+                yield data({"index": 0, "content": held.decode("utf-8", "replace"), "tokens": [t], "stop": False,
+                            "id_slot": 0, "tokens_predicted": n})
+                held = b""
             yield data(self._whole(prompt, [], finish, matched) | {"tokens": [],
                                                                     "tokens_predicted": len(ids)})
+
+
+def _cut_inside_a_character(text: bytes) -> bool:
+    """llama.cpp's ``validate_utf8(text) < text.size()``: one of the last
+    four bytes starts a character longer than what follows it."""
+    for i in range(1, min(4, len(text)) + 1):
+        c = text[-i]
+        need = 2 if c & 0xE0 == 0xC0 else 3 if c & 0xF0 == 0xE0 else 4 if c & 0xF8 == 0xF0 else 0
+        if i < need:
+            return True
+    return False
 
 
 async def _send(send: Send, status: int, body: bytes, ctype: str) -> None:

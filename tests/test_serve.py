@@ -82,10 +82,10 @@ MESSAGES: dict[str, dict[str, Any]] = {
 ANSWERS = {k: answer_of(m) for k, m in MESSAGES.items()}
 
 
-def expected(ids: list[int]) -> dict[str, Any]:
+def expected(ids: list[int], v: xtml.Vocabulary | None = None) -> dict[str, Any]:
     """What xtml's batch parse makes of ids, in OpenAI's shape (call ids
     left out: they are random)."""
-    shaped = shape_message(K3.parse(ids, vocab(), completion=True, lenient=True, thinking=THINKING))
+    shaped = shape_message(K3.parse(ids, v or vocab(), completion=True, lenient=True, thinking=THINKING))
     m = shaped.message
     return {"content": m["content"] or "", "reasoning_content": m.get("reasoning_content", ""),
             "calls": [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls", ())],
@@ -142,7 +142,8 @@ class Rig:
 
     def __init__(self, kind: str, **options: Any) -> None:
         self.kind = kind
-        self.engine = StandIn(kind, eog=K3.bind(vocab()).stop_ids, vocab_size=vocab().size)
+        self.engine = StandIn(kind, eog=K3.bind(vocab()).stop_ids, vocab_size=vocab().size,
+                              token_bytes=K3.bind(vocab()).text_table())
         self._backend = running(self.engine)
         self.backend = self._backend.__enter__()
         self._gateway = running(create_app(K3, vocab(), options.pop("url", self.backend.url), kind=kind,
@@ -252,6 +253,63 @@ def test_cut_off_by_the_token_limit(rig: Rig, stream: bool) -> None:
     assert got == want
 
 
+def _with_a_split_character() -> tuple[list[int], int]:
+    """The "text" answer with "你" (E4 BD A0) put at the end of its content as
+    three byte tokens, and the index of the first."""
+    b = K3.bind(vocab())
+    byte_id = {t: i for i, t in enumerate(b.text_table()) if t is not None and len(t) == 1}
+    ids = list(ANSWERS["text"])
+    # The content runs up to <|close|>response, the last close but one.
+    at = [k for k, t in enumerate(ids) if t == b.marker_ids[K3.markers.close]][-2]
+    ids[at:at] = [byte_id[bytes([c])] for c in "你".encode()]
+    return ids, at
+
+
+def test_held_ids_are_found_only_when_one_cut_fits() -> None:
+    by = {b"a": 1, b"b": 2, b"ab": 3, b"c": 4, b"bc": 5, b"d": -1}
+    assert backends._only_cut(b"ab", 1, by, 2) == [3]
+    assert backends._only_cut(b"ab", 2, by, 2) == [1, 2]
+    assert backends._only_cut(b"abc", 3, by, 2) == [1, 2, 4]
+    assert backends._only_cut(b"abc", 2, by, 2) is None  # ab|c and a|bc
+    assert backends._only_cut(b"ad", 2, by, 2) is None  # two ids have the bytes of "d"
+    assert backends._only_cut(b"ab", 3, by, 2) is None
+    assert backends._only_cut(b"x", 1, by, 2) is None
+
+
+@pytest.fixture(scope="module")
+def llamacpp() -> Iterator[Rig]:
+    r = Rig("llamacpp")
+    yield r
+    r.close()
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
+def test_llamacpp_streams_leave_out_ids_that_end_inside_a_character(llamacpp: Rig, cut: int) -> None:
+    """llama.cpp sends no id for a token that ends inside a UTF-8 character
+    (the stand-in does as it does): the gateway finds such ids again from
+    the next event's text, and says so when the stream was cut there and
+    they are nowhere. ``cut``: bytes of the character generated before the
+    token limit, 0 for no limit."""
+    llamacpp.engine.reset()
+    ids, at = _with_a_split_character()
+    llamacpp.engine.answer = ids
+    limit = {"max_tokens": at + cut} if cut else {}
+    chunks = list(llamacpp.client.chat.completions.create(model="kimi-k3", stream=True, **limit,
+                                                          stream_options={"include_usage": True}, **REQUEST))
+    sent = llamacpp.engine.sent[-1]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == len(sent)
+    got, want = got_stream(chunks[:-1]), expected(sent)
+    if cut in (0, 3):
+        assert got == want
+        assert "你" in got["content"]
+    else:
+        # The server held the cut character's ids and sent them nowhere.
+        assert got["diagnostics"] == sorted([*want["diagnostics"], "lost-ids"])
+        assert got["content"] == want["content"].removesuffix("\ufffd")
+        assert got["finish_reason"] == want["finish_reason"] == "length"
+
+
 def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
     rig.engine.answer = ANSWERS["text"]
     rig.client.chat.completions.create(model="kimi-k3", temperature=0.5, top_p=0.9, seed=7, stop=["END"],
@@ -283,8 +341,9 @@ def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
                                      "frequency_penalty", "top_k", "min_p", "repeat_penalty")} == {
             "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["END"], "n_predict": 50,
             "presence_penalty": 0.1, "frequency_penalty": 0.2, "top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1}
-        # llama.cpp has no stop ids: the gateway reads a stream and stops at the end marker.
-        assert body["stream"] is True
+        # A whole answer is asked for whole: llama.cpp's stream leaves out
+        # the ids of tokens that end inside a UTF-8 character.
+        assert body["stream"] is False
     assert "some_engine_field" not in json.dumps(body)
 
 

@@ -177,22 +177,24 @@ def check_json_keys(obj: Any, where: str) -> None:
             stack.extend(x)
 
 
-def json_compact(value: Any, where: str) -> str:
+def json_compact(value: Any, where: str, key: bytes | None = None) -> str:
     """Compact JSON with every object's keys sorted, as K3 writes schemas
     (``sort_keys`` sorts recursively, like :func:`deep_sort`, but in C).
 
     Refuses what JSON would change silently (non-string keys): the text is
     read back and compared, in C; only on a difference does the slow walk
-    look for the cause (tuples, say, differ harmlessly)."""
+    look for the cause (tuples, say, differ harmlessly). ``key``: the
+    value's marshal bytes, when the caller has them already."""
     # The same tool list arrives with every request of a conversation, as a
     # new object. marshal writes plain built-in values only (anything else
     # raises) and its bytes give the value back exactly, types and key order
     # included, so equal bytes mean the same JSON: a key five times cheaper
     # to make than the JSON itself.
-    try:
-        key: bytes | None = marshal.dumps(value)
-    except ValueError:
-        key = None
+    if key is None:
+        try:
+            key = marshal.dumps(value)
+        except ValueError:
+            key = None
     if key is not None:
         text = _compact.get(key)
         if text is not None:
@@ -259,7 +261,9 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
     return fields.messages_of(messages, ignore, KNOWN_MESSAGE_KEYS), opts
 
 
-def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
+def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = None) -> Options:
+    """The options of a request, checked; ``known``: a tool list and its
+    marshal bytes, if the caller has made them."""
     thinking = d.thinking_default
     # ``thinking`` wins over its alias, as in the reference encoder.
     explicit: bool | None = None
@@ -341,7 +345,8 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any]) -> Options:
         if not isinstance(tools, list | tuple):
             raise OptionError("tools must be a list of tool schemas", option="tools")
         tools = fields.tool_list(tools, "tools") if tools else None
-        tools_json = json_compact(tools, "tools") if tools else ""
+        if tools:
+            tools_json = json_compact(tools, "tools", known[1] if known is not None and known[0] is tools else None)
     return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools,
                    tools_json, bool(cont))
 
@@ -576,6 +581,15 @@ def request_size(request: Any, limit: int) -> int:
     stops at the first level that crosses it). Values nested deeper than
     Python's recursion limit are left to :func:`prepare`, which refuses
     them; so a value that contains itself is not walked forever."""
+    return _request_size(request, limit)[0]
+
+
+# A request's tool list and its marshal bytes, which the size check makes
+# and the tool declaration's JSON is found by: made once per request.
+_Known = tuple[Any, bytes]
+
+
+def _request_size(request: Any, limit: int) -> tuple[int, _Known | None]:
     tools = request.get("tools") if type(request) is dict else None
     if type(tools) is list and tools:
         # The same tool list (deep JSON schemas, most of a short request's
@@ -592,11 +606,12 @@ def request_size(request: Any, limit: int) -> int:
                 if len(_tool_sizes) >= 64:
                     _tool_sizes.clear()
                 _tool_sizes[key] = size
+        known = (tools, key) if key else None
         if size > limit:
-            return size
+            return size, known
         rest = {k: v for k, v in request.items() if k != "tools"}
-        return size + len("tools") + _walk_size(rest, limit - size)
-    return _walk_size(request, limit)
+        return size + len("tools") + _walk_size(rest, limit - size), known
+    return _walk_size(request, limit), None
 
 
 _tool_sizes: dict[bytes, int] = {}
@@ -639,24 +654,26 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
     limit = options.get("max_chars", MAX_CHARS)
     if "max_chars" in options:
         options = {k: v for k, v in options.items() if k != "max_chars"}
+    known = None
     if limit is not None:
         if type(limit) is not int or limit < 0:
             raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
-        size = request_size(request, limit)
+        size, known = _request_size(request, limit)
         if size > limit:
             raise RequestError(f"the request is too large: at least {size:,} characters, more than "
                                f"max_chars={limit:,}")
     try:
-        return _prepare(d, request, options)
+        return _prepare(d, request, options, known)
     except RecursionError:
         # Only a pathologically nested request gets here (JSON values deeper
         # than Python's recursion limit).
         raise RequestError("the request is nested too deeply") from None
 
 
-def _prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Options, list[Msg]]:
+def _prepare(d: Dialect, request: Any, options: Mapping[str, Any],
+             known: _Known | None = None) -> tuple[Options, list[Msg]]:
     raw_messages, opts = split_request(request, options)
-    o = resolve_options(d, opts)
+    o = resolve_options(d, opts, known)
     split_marks = o.image_prompts is not None
     msgs: list[Msg] = []
     call_ids: dict[str, tuple[int, str]] = {}

@@ -35,7 +35,8 @@ The wire formats, as read from each engine's documentation and source
   "``stop``: Boolean for use with ``stream`` to check whether the generation
   has stopped", "``stop_type``: ... ``eos`` ... ``limit``: Stopped because
   ``n_predict`` tokens were generated ... ``word``". Streamed, each event is
-  ``data: {"content", "tokens", "stop", ...}``.
+  ``data: {"content", "tokens", "stop", "tokens_predicted", ...}``, and some
+  ids are never sent (see :class:`LlamaCpp`).
 
 Failures are :class:`BackendError`, with the HTTP status the gateway answers
 (502: unreachable, refused, or an answer that is not the engine's format;
@@ -49,7 +50,7 @@ once, so that a read's events are parsed in one pass.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -180,6 +181,12 @@ class Generation:
     grammar: str | None = None
     """The completion grammar (llguidance Lark), when the request constrains
     the output."""
+    token_bytes: Callable[[], Sequence[bytes | None]] | None = None
+    """The bytes of each id (None for a marker), when the gateway has them:
+    what finds again the ids a llama.cpp stream leaves out."""
+    lost: int = 0
+    """Ids the engine generated but did not send, and that could not be
+    found again (set while streaming; a diagnostic tells the client)."""
 
 
 @dataclass(slots=True)
@@ -656,12 +663,30 @@ class LlamaCpp(Backend):
     """llama.cpp server's native completion endpoint, on ids.
 
     It takes no stop ids: it stops at the model's end-of-generation tokens
-    (the GGUF's), so the template's end marker should be one of them. The
-    gateway reads every answer as a stream and stops reading at the end
-    marker, which ends the generation either way."""
+    (the GGUF's), so the template's end marker should be one of them; the
+    gateway cuts an answer after the end marker either way.
+
+    A whole answer is asked for whole: its ``tokens`` are every generated
+    id. A stream is not as exact. The server sends a token's id only with
+    text it can send, and holds back text that ends inside a UTF-8
+    character, so a token that ends inside one (a byte of a CJK character,
+    say) never has its id sent: the next event has the held text and only
+    its own id, and a stream cut by the token limit there has its last ids
+    nowhere (tools/server/server-context.cpp: ``process_token`` sends
+    nothing while ``validate_utf8(generated_text)`` is short of the text;
+    ``send_partial_response`` sends ``tokens.assign(1, tkn.tok)``; the last
+    event of a stream has empty ``content`` and ``tokens``). Each event's
+    ``tokens_predicted`` counts what was generated, so a gap is seen: its
+    ids are found again from the event's text when exactly one cut of the
+    held bytes into that many tokens exists; otherwise they are counted
+    in :attr:`Generation.lost` and the client is told."""
 
     kind = "llamacpp"
     path = "/completion"
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._index: tuple[Sequence[bytes | None], dict[bytes, int], int] | None = None
 
     def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"prompt": gen.prompt, "return_tokens": True, "stream": stream,
@@ -682,29 +707,30 @@ class LlamaCpp(Backend):
         d = _mapping(data, "body")
         if "tokens" not in d:
             raise _garbage("no tokens: the backend must be llama.cpp's server (return_tokens)", "tokens")
-        return Output(_ids(d["tokens"], gen.vocab_size, "tokens"), _llamacpp_finish(d))
+        ids = _ids(d["tokens"], gen.vocab_size, "tokens")
+        finish = _llamacpp_finish(d)
+        stops = frozenset(_stop_ids(gen))
+        if not stops.isdisjoint(ids):
+            # A model whose end-of-generation tokens miss the end marker
+            # goes on past it: what follows is not the answer's.
+            del ids[next(k for k, t in enumerate(ids) if t in stops) + 1 :]
+            finish = "stop"
+        return Output(ids, finish)
 
     def reader(self, gen: Generation) -> _EventReader:
-        return _LlamaCppReader(gen)
+        return _LlamaCppReader(gen, self.token_index)
 
-    async def generate(self, gen: Generation) -> Output:
-        # Streamed, so that reading can stop at the end marker: the server
-        # has no stop ids of its own.
-        ids: list[int] = []
-        finish: str | None = None
-        stops = frozenset(_stop_ids(gen))
-        it = self.stream(gen)
-        try:
-            async for new, reason in it:
-                ids += new
-                finish = reason or finish
-                if stops.intersection(new):
-                    del ids[next(k for k, t in enumerate(ids) if t in stops) + 1 :]
-                    finish = "stop"
-                    break
-        finally:
-            await it.aclose()
-        return Output(ids, finish)
+    def token_index(self, table: Sequence[bytes | None]) -> tuple[dict[bytes, int], int]:
+        """Bytes → id of every ordinary token (-1 where two ids share their
+        bytes), and the longest token's length; made once per table."""
+        index = self._index
+        if index is None or index[0] is not table:
+            by: dict[bytes, int] = {}
+            for i, b in enumerate(table):
+                if b:
+                    by[b] = -1 if b in by else i
+            index = self._index = (table, by, max(map(len, by), default=0))
+        return index[1], index[2]
 
 
 def _llamacpp_finish(d: Mapping[str, Any]) -> str | None:
@@ -714,7 +740,13 @@ def _llamacpp_finish(d: Mapping[str, Any]) -> str | None:
 
 
 class _LlamaCppReader(_EventReader):
-    __slots__ = ()
+    __slots__ = ("index", "sent")
+
+    def __init__(self, gen: Generation,
+                 index: Callable[[Sequence[bytes | None]], tuple[dict[bytes, int], int]]) -> None:
+        super().__init__(gen)
+        self.index = index
+        self.sent = 0  # ids generated up to the last event, sent or found again
 
     def read(self, data: Any) -> Piece | None:
         d = _mapping(data, "stream")
@@ -726,7 +758,78 @@ class _LlamaCppReader(_EventReader):
         finish = _llamacpp_finish(d)
         if finish is not None:
             self.done = True
-        return _ids(ids, self.gen.vocab_size, "tokens"), finish
+        ids = _ids(ids, self.gen.vocab_size, "tokens")
+        predicted = d.get("tokens_predicted")
+        if type(predicted) is not int:
+            predicted = self.sent + len(ids)
+        gap = predicted - self.sent - len(ids)
+        if gap > 0:
+            found = self._held(d.get("content"), ids, gap)
+            if found is None:
+                self.gen.lost += gap
+            else:
+                ids = found + ids
+            self.sent = predicted
+        else:
+            self.sent += len(ids)
+        return ids, finish
+
+    def _held(self, content: Any, ids: list[int], k: int) -> list[int] | None:
+        """The ``k`` ids whose text the server held back, found from the
+        event's text (theirs, then the sent ids'): None unless exactly one
+        cut of those bytes into ``k`` tokens exists."""
+        if not isinstance(content, str) or not content or "\ufffd" in content or self.gen.token_bytes is None:
+            # U+FFFD: the server replaced bytes that are not UTF-8, so the
+            # text no longer gives them.
+            return None
+        table = self.gen.token_bytes()
+        if not table:
+            return None
+        pieces = [table[t] for t in ids]
+        if None in pieces:
+            return None
+        try:
+            whole = content.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate
+            return None
+        tail = b"".join(pieces)  # type: ignore[arg-type]
+        if not whole.endswith(tail) or len(whole) - len(tail) < k:
+            return None
+        by, longest = self.index(table)
+        return _only_cut(whole[: len(whole) - len(tail)], k, by, longest)
+
+
+def _only_cut(held: bytes, k: int, by: dict[bytes, int], longest: int) -> list[int] | None:
+    """The ids of the one way to cut ``held`` into ``k`` tokens of ``by``;
+    None if there is none or more than one."""
+    # ways[i][j]: how many ways (0, 1 or 2 for "more") to cut held[i:] into
+    # j tokens, filled from the end.
+    n = len(held)
+    ways = [[0] * (k + 1) for _ in range(n + 1)]
+    ways[n][0] = 1
+    for i in range(n - 1, -1, -1):
+        for j in range(1, k + 1):
+            total = 0
+            for e in range(i + 1, min(n, i + longest) + 1):
+                if ways[e][j - 1]:
+                    t = by.get(held[i:e])
+                    if t is not None:
+                        total += 2 if t < 0 else ways[e][j - 1]
+                        if total >= 2:
+                            break
+            ways[i][j] = min(total, 2)
+    if ways[0][k] != 1:
+        return None
+    out: list[int] = []
+    i, j = 0, k
+    while j:
+        for e in range(i + 1, min(n, i + longest) + 1):
+            t = by.get(held[i:e])
+            if t is not None and ways[e][j - 1]:
+                out.append(t)
+                i, j = e, j - 1
+                break
+    return out
 
 
 BACKENDS: dict[str, type[Backend]] = {b.kind: b for b in (VLLM, SGLang, LlamaCpp)}

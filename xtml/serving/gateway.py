@@ -292,7 +292,7 @@ class Gateway:
         if self.grammar and (o.tool_choice == "required" or o.response_format is not None
                              or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
             grammar = completion_grammar(t, body, self.tokenizer, unknown_keys="ignore")
-        gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar)
+        gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
         return _Job(gen, o.thinking, bool(stream), include_usage)
 
     async def _complete(self, job: _Job, receive: Receive, send: Send) -> None:
@@ -362,9 +362,13 @@ class Gateway:
         out = [sse(c) for c in chunks.feed(())]
         n = 0
         early = False
+        lost = 0
         try:
             while piece is not None:
                 ids, finish = piece
+                if job.gen.lost > lost:
+                    chunks.note(_lost(job.gen.lost - lost, n))
+                    lost = job.gen.lost
                 if ids:
                     if chunks.finish_reason is not None:
                         # The model goes on after the end of its message (an
@@ -400,14 +404,23 @@ class Gateway:
             watch.stop()
             await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
             return False
+        if job.gen.lost > lost and chunks.finish_reason is None:
+            chunks.note(_lost(job.gen.lost - lost, n))
         for c in chunks.feed(parser.close()):
             out.append(sse(c))
-        for c in chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n):
+        for c in chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n + job.gen.lost):
             out.append(sse(c))
         out.append(SSE_DONE)
         watch.stop()
         await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
         return early
+
+
+def _lost(k: int, offset: int) -> dict[str, Any]:
+    return {"kind": "lost-ids", "offset": offset,
+            "message": f"the engine generated {k} id{'s' if k != 1 else ''} here that its stream did not send "
+                       "(llama.cpp sends no id for a token that ends inside a UTF-8 character) and that could "
+                       "not be found again: their text is missing"}
 
 
 class SSE:

@@ -373,6 +373,11 @@ class ChunkStream:
         """Every diagnostic so far: the parser's, then the shaping's."""
         return self._diags
 
+    def note(self, diagnostic: Mapping[str, Any]) -> None:
+        """Add a diagnostic from outside the parser (the engine's): it goes
+        with the others in the chunk that ends the message."""
+        self._diags.append(dict(diagnostic))
+
     def completion(self, *, prompt_tokens: int | None = None,
                    completion_tokens: int | None = None) -> dict[str, Any]:
         """The ``chat.completion`` object of this response (same id, model,
