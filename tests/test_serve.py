@@ -265,15 +265,65 @@ def _with_a_split_character() -> tuple[list[int], int]:
     return ids, at
 
 
-def test_held_ids_are_found_only_when_one_cut_fits() -> None:
-    by = {b"a": 1, b"b": 2, b"ab": 3, b"c": 4, b"bc": 5, b"d": -1}
-    assert backends._only_cut(b"ab", 1, by, 2) == [3]
-    assert backends._only_cut(b"ab", 2, by, 2) == [1, 2]
-    assert backends._only_cut(b"abc", 3, by, 2) == [1, 2, 4]
-    assert backends._only_cut(b"abc", 2, by, 2) is None  # ab|c and a|bc
-    assert backends._only_cut(b"ad", 2, by, 2) is None  # two ids have the bytes of "d"
-    assert backends._only_cut(b"ab", 3, by, 2) is None
-    assert backends._only_cut(b"x", 1, by, 2) is None
+def test_held_text_is_cut_into_that_many_tokens() -> None:
+    cut = backends.cut_into_tokens
+    by = {b"a": 1, b"b": 2, b"ab": 3, b"c": 4, b"bc": 5, b"d": -1, b"abcd": 6}
+    assert cut(b"ab", 1, by, 4) == [3]
+    assert cut(b"ab", 2, by, 4) == [1, 2]
+    assert cut(b"abc", 3, by, 4) == [1, 2, 4]
+    assert cut(b"abc", 2, by, 4) in ([3, 4], [1, 5])  # two cuts: the same text either way
+    # No cut into that many: as few tokens as make up the text.
+    assert cut(b"ab", 3, by, 4) == [3]
+    assert cut(b"abc", 9, by, 4) == [3, 4] or cut(b"abc", 9, by, 4) == [1, 5]
+    # Bytes no single id has (two ids share those of "d"), or none at all.
+    assert cut(b"ad", 2, by, 4) is None
+    assert cut(b"x", 1, by, 4) is None
+    assert cut(b"", 1, by, 4) is None
+    assert cut(b"a" * 129, 129, by, 4) is None  # longer than is ever held
+
+
+def _llamacpp_read(events: list[dict[str, Any]], **params: Any) -> tuple[list[int], int]:
+    b = K3.bind(vocab())
+    gen = backends.Generation([1], params, b.stop_ids, vocab().size, None, b.text_table)
+    reader = backends.BACKENDS["llamacpp"]("http://127.0.0.1:1").reader(gen)
+    ids: list[int] = []
+    for e in events:
+        piece = reader.read(e)
+        assert piece is not None
+        ids += piece[0]
+    return ids, gen.lost
+
+
+def test_a_count_ahead_of_the_events_is_no_gap() -> None:
+    # With a draft model, llama.cpp counts a step's accepted tokens before
+    # it sends each: every event of the step has the step's count.
+    text = vocab().tokenizer.encode("one two three", add_special_tokens=False).ids
+    table = K3.bind(vocab()).text_table()
+    events = [{"content": (table[t] or b"").decode(), "tokens": [t], "stop": False, "tokens_predicted": len(text)}
+              for t in text]
+    assert _llamacpp_read(events) == (text, 0)
+
+
+def test_nothing_is_looked_for_when_stop_strings_hold_text() -> None:
+    # A stop string makes the server hold text whose ids it sent: an
+    # event's text then starts with theirs, so it is not cut into the
+    # left-out ids; the gap is reported.
+    ids, at = _with_a_split_character()
+    table = K3.bind(vocab()).text_table()
+    # "你" as llama.cpp sends it: with the id of its last byte only.
+    events = [{"content": b"".join(table[t] or b"" for t in ids[at : at + 3]).decode(), "tokens": [ids[at + 2]],
+               "stop": False, "tokens_predicted": 3}]
+    assert _llamacpp_read(events) == (ids[at : at + 3], 0)
+    assert _llamacpp_read(events, stop=["END"]) == ([ids[at + 2]], 2)
+
+
+@pytest.mark.parametrize("n", [1, 64, 128])
+def test_cutting_held_text_stays_cheap(n: int) -> None:
+    # Every run of one to four bytes is a token: the cut's work stays
+    # bounded by the held length, whatever count the engine claims.
+    by = {b"x" * m: m for m in range(1, 5)}
+    out = backends.cut_into_tokens(b"x" * n, 10**6, by, 4)
+    assert out is not None and sum(out) == n
 
 
 @pytest.fixture(scope="module")

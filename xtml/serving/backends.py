@@ -185,8 +185,10 @@ class Generation:
     """The bytes of each id (None for a marker), when the gateway has them:
     what finds again the ids a llama.cpp stream leaves out."""
     lost: int = 0
-    """Ids the engine generated but did not send, and that could not be
-    found again (set while streaming; a diagnostic tells the client)."""
+    """Ids the engine generated but did not send, and whose text could not
+    be found again (set while streaming; a diagnostic tells the client)."""
+    lost_at: int = 0
+    """How many ids had come before the first of them."""
 
 
 @dataclass(slots=True)
@@ -676,10 +678,13 @@ class LlamaCpp(Backend):
     nothing while ``validate_utf8(generated_text)`` is short of the text;
     ``send_partial_response`` sends ``tokens.assign(1, tkn.tok)``; the last
     event of a stream has empty ``content`` and ``tokens``). Each event's
-    ``tokens_predicted`` counts what was generated, so a gap is seen: its
-    ids are found again from the event's text when exactly one cut of the
-    held bytes into that many tokens exists; otherwise they are counted
-    in :attr:`Generation.lost` and the client is told."""
+    ``tokens_predicted`` counts what was generated, so a gap is seen: the
+    held bytes are the event's text less its own token's, and are cut into
+    that many tokens of the vocabulary (the model's own ids whenever only
+    one such cut exists; any cut gives the client the same text). Where the
+    text does not give them (bytes the server replaced, a stop string
+    holding text back, the end of the stream) they are counted in
+    :attr:`Generation.lost` and the client is told."""
 
     kind = "llamacpp"
     path = "/completion"
@@ -740,13 +745,17 @@ def _llamacpp_finish(d: Mapping[str, Any]) -> str | None:
 
 
 class _LlamaCppReader(_EventReader):
-    __slots__ = ("index", "sent")
+    __slots__ = ("delivered", "index", "recover")
 
     def __init__(self, gen: Generation,
                  index: Callable[[Sequence[bytes | None]], tuple[dict[bytes, int], int]]) -> None:
         super().__init__(gen)
         self.index = index
-        self.sent = 0  # ids generated up to the last event, sent or found again
+        self.delivered = 0  # ids given on so far, sent or found again
+        # A stop string makes the server hold text back for a while with its
+        # ids sent, so an event's text no longer starts with what was left
+        # out: nothing is looked for then, and a gap is reported.
+        self.recover = gen.token_bytes is not None and not gen.params.get("stop")
 
     def read(self, data: Any) -> Piece | None:
         d = _mapping(data, "stream")
@@ -760,32 +769,41 @@ class _LlamaCppReader(_EventReader):
             self.done = True
         ids = _ids(ids, self.gen.vocab_size, "tokens")
         predicted = d.get("tokens_predicted")
-        if type(predicted) is not int:
-            predicted = self.sent + len(ids)
-        gap = predicted - self.sent - len(ids)
+        gap = predicted - self.delivered - self.gen.lost - len(ids) if type(predicted) is int else 0
         if gap > 0:
-            found = self._held(d.get("content"), ids, gap)
-            if found is None:
-                self.gen.lost += gap
+            if finish is not None:
+                # The last event carries no text: ids held back when the
+                # stream ended (the token limit cut a character) are lost.
+                self._lose(gap)
             else:
-                ids = found + ids
-            self.sent = predicted
-        else:
-            self.sent += len(ids)
+                held = self._held(d.get("content"), ids) if self.recover else None
+                if held is None:
+                    self._lose(gap)
+                elif held:
+                    found = self._cut(held, gap)
+                    if found is None:
+                        self._lose(gap)
+                    else:
+                        ids = found + ids
+                # No held text: the count ran ahead of the events (a draft
+                # model's tokens are counted before each is sent).
+        self.delivered += len(ids)
         return ids, finish
 
-    def _held(self, content: Any, ids: list[int], k: int) -> list[int] | None:
-        """The ``k`` ids whose text the server held back, found from the
-        event's text (theirs, then the sent ids'): None unless exactly one
-        cut of those bytes into ``k`` tokens exists."""
-        if not isinstance(content, str) or not content or "\ufffd" in content or self.gen.token_bytes is None:
-            # U+FFFD: the server replaced bytes that are not UTF-8, so the
-            # text no longer gives them.
+    def _lose(self, k: int) -> None:
+        if not self.gen.lost:
+            self.gen.lost_at = self.delivered
+        self.gen.lost += k
+
+    def _held(self, content: Any, ids: list[int]) -> bytes | None:
+        """The bytes the server held back, from an event's text (theirs, then
+        the sent ids'); None when the text does not give them."""
+        if not isinstance(content, str) or "\ufffd" in content:
+            # U+FFFD: the server replaced bytes that are not UTF-8.
             return None
+        assert self.gen.token_bytes is not None
         table = self.gen.token_bytes()
-        if not table:
-            return None
-        pieces = [table[t] for t in ids]
+        pieces = [table[t] for t in ids] if table else [None]
         if None in pieces:
             return None
         try:
@@ -793,42 +811,67 @@ class _LlamaCppReader(_EventReader):
         except UnicodeEncodeError:  # a lone surrogate
             return None
         tail = b"".join(pieces)  # type: ignore[arg-type]
-        if not whole.endswith(tail) or len(whole) - len(tail) < k:
+        if not whole.endswith(tail):
             return None
-        by, longest = self.index(table)
-        return _only_cut(whole[: len(whole) - len(tail)], k, by, longest)
+        return whole[: len(whole) - len(tail)]
+
+    def _cut(self, held: bytes, k: int) -> list[int] | None:
+        assert self.gen.token_bytes is not None
+        by, longest = self.index(self.gen.token_bytes())
+        return cut_into_tokens(held, k, by, longest)
 
 
-def _only_cut(held: bytes, k: int, by: dict[bytes, int], longest: int) -> list[int] | None:
-    """The ids of the one way to cut ``held`` into ``k`` tokens of ``by``;
-    None if there is none or more than one."""
-    # ways[i][j]: how many ways (0, 1 or 2 for "more") to cut held[i:] into
-    # j tokens, filled from the end.
+# Held text longer than this is not cut into tokens (the cut's cost grows
+# with it); what a server holds back is the start of one character and the
+# tokens before it in one event.
+_MAX_HELD = 128
+_MAX_CUT = 32
+
+
+def cut_into_tokens(held: bytes, k: int, by: dict[bytes, int], longest: int) -> list[int] | None:
+    """Ids of tokens of ``by`` (bytes → id, -1 where two ids share bytes)
+    whose bytes make up ``held``: ``k`` of them if that can be (the model's
+    own ids when only one such cut exists), else as few as can be; None if
+    no cut exists or ``held`` is longer than :data:`_MAX_HELD`. Any cut gives
+    the same text, which is what a client gets."""
     n = len(held)
-    ways = [[0] * (k + 1) for _ in range(n + 1)]
-    ways[n][0] = 1
-    for i in range(n - 1, -1, -1):
-        for j in range(1, k + 1):
-            total = 0
-            for e in range(i + 1, min(n, i + longest) + 1):
-                if ways[e][j - 1]:
-                    t = by.get(held[i:e])
-                    if t is not None:
-                        total += 2 if t < 0 else ways[e][j - 1]
-                        if total >= 2:
-                            break
-            ways[i][j] = min(total, 2)
-    if ways[0][k] != 1:
+    if not held or n > _MAX_HELD:
         return None
-    out: list[int] = []
-    i, j = 0, k
-    while j:
+    # The tokens starting at each offset, looked up once.
+    starts: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for i in range(n):
         for e in range(i + 1, min(n, i + longest) + 1):
             t = by.get(held[i:e])
-            if t is not None and ways[e][j - 1]:
+            if t is not None and t >= 0:
+                starts[i].append((e, t))
+    # fewest[i]: the fewest tokens that make up held[i:] (n + 1: none do).
+    fewest = [n + 1] * (n + 1)
+    fewest[n] = 0
+    for i in range(n - 1, -1, -1):
+        fewest[i] = min((fewest[e] + 1 for e, _ in starts[i]), default=n + 1)
+    if fewest[0] > n:
+        return None
+    out: list[int] = []
+    i = 0
+    if k <= _MAX_CUT:
+        # reach[i]: the numbers of tokens (up to k) that make up held[i:].
+        reach: list[set[int]] = [set() for _ in range(n + 1)]
+        reach[n].add(0)
+        for i in range(n - 1, -1, -1):
+            for e, _ in starts[i]:
+                reach[i].update(j + 1 for j in reach[e] if j < k)
+        if k in reach[0]:
+            i, j = 0, k
+            while j:
+                e, t = next((e, t) for e, t in starts[i] if j - 1 in reach[e])
                 out.append(t)
                 i, j = e, j - 1
-                break
+            return out
+    i = 0
+    while i < n:
+        e, t = next((e, t) for e, t in starts[i] if fewest[e] == fewest[i] - 1)
+        out.append(t)
+        i = e
     return out
 
 

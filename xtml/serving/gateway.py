@@ -367,7 +367,7 @@ class Gateway:
             while piece is not None:
                 ids, finish = piece
                 if job.gen.lost > lost:
-                    chunks.note(_lost(job.gen.lost - lost, n))
+                    chunks.note(_lost(job.gen.lost - lost, job.gen.lost_at if not lost else n))
                     lost = job.gen.lost
                 if ids:
                     if chunks.finish_reason is not None:
@@ -405,7 +405,7 @@ class Gateway:
             await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
             return False
         if job.gen.lost > lost and chunks.finish_reason is None:
-            chunks.note(_lost(job.gen.lost - lost, n))
+            chunks.note(_lost(job.gen.lost - lost, job.gen.lost_at if not lost else n))
         for c in chunks.feed(parser.close()):
             out.append(sse(c))
         for c in chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n + job.gen.lost):
@@ -419,8 +419,8 @@ class Gateway:
 def _lost(k: int, offset: int) -> dict[str, Any]:
     return {"kind": "lost-ids", "offset": offset,
             "message": f"the engine generated {k} id{'s' if k != 1 else ''} here that its stream did not send "
-                       "(llama.cpp sends no id for a token that ends inside a UTF-8 character) and that could "
-                       "not be found again: their text is missing"}
+                       "(llama.cpp sends no id for a token that ends inside a UTF-8 character) and whose text "
+                       "could not be found again: it is missing"}
 
 
 class SSE:
