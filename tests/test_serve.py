@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import sys
 import time
@@ -280,6 +281,24 @@ def test_held_text_is_cut_into_that_many_tokens() -> None:
     assert cut(b"x", 1, by, 4) is None
     assert cut(b"", 1, by, 4) is None
     assert cut(b"a" * 129, 129, by, 4) is None  # longer than is ever held
+
+
+def test_llamacpp_past_the_end_marker(llamacpp: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    # A GGUF whose end-of-generation tokens lack the end marker: the model
+    # runs on; the answer is cut after the marker, and the log says why
+    # answers cost their whole token limit.
+    llamacpp.engine.reset()
+    eog, llamacpp.engine.eog = llamacpp.engine.eog, ()
+    try:
+        llamacpp.engine.answer = [*ANSWERS["text"], 100, 200]
+        with caplog.at_level(logging.WARNING, logger="xtml.serve"):
+            r = llamacpp.client.chat.completions.create(model="kimi-k3", **REQUEST)
+    finally:
+        llamacpp.engine.eog = eog
+    assert llamacpp.engine.sent[-1] == [*ANSWERS["text"], 100, 200]
+    assert got_whole(r) == expected(ANSWERS["text"])
+    assert r.usage is not None and r.usage.completion_tokens == len(ANSWERS["text"])
+    assert any("past the end marker" in m for m in caplog.messages)
 
 
 def _llamacpp_read(events: list[dict[str, Any]], **params: Any) -> tuple[list[int], int]:

@@ -50,12 +50,15 @@ once, so that a read's events are parsed in one pass.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import RequestError, XtmlError
 from .client import Client, ConnectError, ProtocolError, Response, Timeout, TransportError
+
+log = logging.getLogger("xtml.serve")
 
 __all__ = [
     "BACKENDS",
@@ -692,6 +695,7 @@ class LlamaCpp(Backend):
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self._index: tuple[Sequence[bytes | None], dict[bytes, int], int] | None = None
+        self._warned = False
 
     def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"prompt": gen.prompt, "return_tokens": True, "stream": stream,
@@ -718,7 +722,13 @@ class LlamaCpp(Backend):
         if not stops.isdisjoint(ids):
             # A model whose end-of-generation tokens miss the end marker
             # goes on past it: what follows is not the answer's.
-            del ids[next(k for k, t in enumerate(ids) if t in stops) + 1 :]
+            end = next(k for k, t in enumerate(ids) if t in stops) + 1
+            if end < len(ids) and not self._warned:
+                self._warned = True
+                log.warning("llama.cpp generated %d ids past the end marker: the model's end-of-generation "
+                            "tokens (its GGUF's) do not include it, so each answer runs on to its token limit",
+                            len(ids) - end)
+            del ids[end:]
             finish = "stop"
         return Output(ids, finish)
 
