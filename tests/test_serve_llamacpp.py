@@ -16,7 +16,10 @@ evaluated prompt tokens, and the same greedy answer as when it is called
 directly with ``template.encode(request)``); the SDK's answer and a stream's
 joined deltas are xtml's lenient parse of those answer ids; a constrained
 request that this build cannot constrain is an OpenAI error object, not a
-500; the engine's own refusal (a prompt longer than its context) is a 400."""
+500; the engine's own refusal (a prompt longer than its context) is a 400;
+a stream's ids that the server leaves out (tokens that end inside a UTF-8
+character) are found again or reported; a client that leaves cancels the
+generation."""
 
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ LLAMA_SERVER = os.environ.get("XTML_LLAMA_SERVER") or shutil.which("llama-server
 pytestmark = pytest.mark.skipif(not LLAMA_SERVER, reason="no llama-server binary (XTML_LLAMA_SERVER)")
 
 K3 = xtml.load("kimi-k3")
-CTX = 1024
+CTX = 8192
 STARTUP_S = 60.0
 
 
@@ -65,7 +68,8 @@ class Engine:
                          after=K3.encode(REQUEST, self.vocab)[-1])
         port = closed_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.log = (folder / "llama-server.log").open("wb")
+        self.log_path = folder / "llama-server.log"
+        self.log = self.log_path.open("wb")
         assert LLAMA_SERVER is not None
         self.proc = subprocess.Popen(
             [LLAMA_SERVER, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
@@ -256,3 +260,20 @@ def test_a_grammar_this_build_cannot_run_is_an_openai_error(engine: Engine, clie
             list(r)  # type: ignore[arg-type]
     assert e.value.status_code == 400
     assert "llguidance is not enabled" in str(e.value)
+
+
+def test_a_client_that_leaves_cancels_the_generation(engine: Engine, client: openai.OpenAI) -> None:
+    cancelled = engine.log_path.read_bytes().count(b"cancel task")
+    stream = client.chat.completions.create(model="kimi-k3", max_tokens=CTX - 1000, stream=True,
+                                            extra_body={"ignore_eos": True}, **REQUEST)
+    for k, _ in enumerate(stream):
+        if k == 5:
+            break
+    stream.close()
+    # The engine says it cancelled (tools/server: "stop: cancel task") and
+    # its slot is free long before thousands of ids could be generated.
+    deadline = time.monotonic() + 10
+    while engine.log_path.read_bytes().count(b"cancel task") == cancelled or any(
+            s.get("is_processing") for s in httpx.get(engine.url + "/slots", timeout=5).json()):
+        assert time.monotonic() < deadline, "the engine went on generating"
+        time.sleep(0.05)
