@@ -813,7 +813,7 @@ class _LlamaCppReader(_EventReader):
             return None
         assert self.gen.token_bytes is not None
         table = self.gen.token_bytes()
-        pieces = [table[t] for t in ids] if table else [None]
+        pieces = [table[t] if t < len(table) else None for t in ids] if table else [None]
         if None in pieces:
             return None
         try:
@@ -862,7 +862,6 @@ def cut_into_tokens(held: bytes, k: int, by: dict[bytes, int], longest: int) -> 
     if fewest[0] > n:
         return None
     out: list[int] = []
-    i = 0
     if k <= _MAX_CUT:
         # reach[i]: the numbers of tokens (up to k) that make up held[i:].
         reach: list[set[int]] = [set() for _ in range(n + 1)]
