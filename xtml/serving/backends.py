@@ -755,7 +755,7 @@ def _llamacpp_finish(d: Mapping[str, Any]) -> str | None:
 
 
 class _LlamaCppReader(_EventReader):
-    __slots__ = ("delivered", "index", "recover")
+    __slots__ = ("delivered", "index", "table")
 
     def __init__(self, gen: Generation,
                  index: Callable[[Sequence[bytes | None]], tuple[dict[bytes, int], int]]) -> None:
@@ -765,7 +765,7 @@ class _LlamaCppReader(_EventReader):
         # A stop string makes the server hold text back for a while with its
         # ids sent, so an event's text no longer starts with what was left
         # out: nothing is looked for then, and a gap is reported.
-        self.recover = gen.token_bytes is not None and not gen.params.get("stop")
+        self.table = None if gen.params.get("stop") else gen.token_bytes
 
     def read(self, data: Any) -> Piece | None:
         d = _mapping(data, "stream")
@@ -786,11 +786,13 @@ class _LlamaCppReader(_EventReader):
                 # stream ended (the token limit cut a character) are lost.
                 self._lose(gap)
             else:
-                held = self._held(d.get("content"), ids) if self.recover else None
+                table = self.table() if self.table is not None else None
+                held = self._held(d.get("content"), ids, table) if table else None
                 if held is None:
                     self._lose(gap)
                 elif held:
-                    found = self._cut(held, gap)
+                    assert table is not None
+                    found = cut_into_tokens(held, gap, *self.index(table))
                     if found is None:
                         self._lose(gap)
                     else:
@@ -805,15 +807,14 @@ class _LlamaCppReader(_EventReader):
             self.gen.lost_at = self.delivered
         self.gen.lost += k
 
-    def _held(self, content: Any, ids: list[int]) -> bytes | None:
+    @staticmethod
+    def _held(content: Any, ids: list[int], table: Sequence[bytes | None]) -> bytes | None:
         """The bytes the server held back, from an event's text (theirs, then
         the sent ids'); None when the text does not give them."""
         if not isinstance(content, str) or "\ufffd" in content:
             # U+FFFD: the server replaced bytes that are not UTF-8.
             return None
-        assert self.gen.token_bytes is not None
-        table = self.gen.token_bytes()
-        pieces = [table[t] if t < len(table) else None for t in ids] if table else [None]
+        pieces = [table[t] if t < len(table) else None for t in ids]
         if None in pieces:
             return None
         try:
@@ -824,11 +825,6 @@ class _LlamaCppReader(_EventReader):
         if not whole.endswith(tail):
             return None
         return whole[: len(whole) - len(tail)]
-
-    def _cut(self, held: bytes, k: int) -> list[int] | None:
-        assert self.gen.token_bytes is not None
-        by, longest = self.index(self.gen.token_bytes())
-        return cut_into_tokens(held, k, by, longest)
 
 
 # Held text longer than this is not cut into tokens (the cut's cost grows

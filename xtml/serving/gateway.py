@@ -367,6 +367,9 @@ class Gateway:
             while piece is not None:
                 ids, finish = piece
                 if job.gen.lost > lost:
+                    # Counted while the engine's events were read, which is
+                    # before their piece comes here: the note goes out with
+                    # the message's end.
                     chunks.note(_lost(job.gen.lost - lost, job.gen.lost_at if not lost else n))
                     lost = job.gen.lost
                 if ids:
@@ -404,8 +407,6 @@ class Gateway:
             watch.stop()
             await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
             return False
-        if job.gen.lost > lost and chunks.finish_reason is None:
-            chunks.note(_lost(job.gen.lost - lost, job.gen.lost_at if not lost else n))
         for c in chunks.feed(parser.close()):
             out.append(sse(c))
         for c in chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n + job.gen.lost):
