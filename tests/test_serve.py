@@ -143,8 +143,8 @@ class Rig:
 
     def __init__(self, kind: str, **options: Any) -> None:
         self.kind = kind
-        self.engine = StandIn(kind, eog=K3.bind(vocab()).stop_ids, vocab_size=vocab().size,
-                              token_bytes=K3.bind(vocab()).text_table())
+        b = K3.bind(vocab())
+        self.engine = StandIn(kind, eog=b.stop_ids, vocab_size=vocab().size, token_bytes=b.text_table())
         self._backend = running(self.engine)
         self.backend = self._backend.__enter__()
         self._gateway = running(create_app(K3, vocab(), options.pop("url", self.backend.url), kind=kind,
@@ -275,7 +275,7 @@ def test_held_text_is_cut_into_that_many_tokens() -> None:
     assert cut(b"abc", 2, by, 4) in ([3, 4], [1, 5])  # two cuts: the same text either way
     # No cut into that many: as few tokens as make up the text.
     assert cut(b"ab", 3, by, 4) == [3]
-    assert cut(b"abc", 9, by, 4) == [3, 4] or cut(b"abc", 9, by, 4) == [1, 5]
+    assert cut(b"abc", 9, by, 4) in ([3, 4], [1, 5])
     # Bytes no single id has (two ids share those of "d"), or none at all.
     assert cut(b"ad", 2, by, 4) is None
     assert cut(b"x", 1, by, 4) is None
