@@ -28,7 +28,8 @@ machine each stream's tokens wait on the others', so the time added per
 token of one stream is about N times what the gateway costs per token; the
 figure per token of throughput (divided by N) is printed beside it. The
 gateway's own CPU time per token (from /proc, over the gateway rounds) is
-what it costs whatever the concurrency. Targets: ≤ 1 ms added per request at
+what it costs whatever the concurrency. xtml's own work per request is also
+timed in this process, back to back and after 1 ms idle. Targets: ≤ 1 ms added per request at
 p50, ≤ 20 µs per streamed token.
 
 uvicorn serves with httptools and uvloop when they are installed (the serve
@@ -100,6 +101,45 @@ def in_process_us_per_token(k3: xtml.Template, vocab: xtml.Vocabulary, ids: list
             "".join(sse(c) for c in chunks.feed(parser.close())).encode()
         best = min(best, (time.perf_counter() - t) / 5 / len(ids))
     return best * 1e6
+
+
+def in_process_request_us(k3: xtml.Template, vocab: xtml.Vocabulary, answer: list[int]) -> dict[str, float]:
+    """xtml's own work per request, in this process: the gateway's check and
+    render of the benchmark's request to ids, then the parse of the short
+    answer and its OpenAI object as JSON. Medians, run back to back and run
+    each after 1 ms of sleep, as a server answering one request at a time
+    does; the tokenizer's call alone in the same two conditions shows what
+    idle costs on this machine (its caches are others' meanwhile)."""
+    from xtml.serving.gateway import Gateway, _dumps
+    from xtml.serving.openai import chat_completion
+
+    gw = Gateway(k3, vocab, "http://127.0.0.1:9")
+    body = json.dumps({**REQUEST, "seed": 0}).encode()
+
+    def request() -> None:
+        job = gw.job(json.loads(body))
+        parsed = k3.parse(answer, vocab, completion=True, lenient=True, thinking=job.thinking,
+                          max_chars=len(answer))
+        _dumps(chat_completion(parsed, model="m", prompt_tokens=len(job.gen.prompt), completion_tokens=len(answer)))
+
+    text = [REQUEST["messages"][-1]["content"]]
+    tok = vocab.tokenizer
+
+    def tokenizer() -> None:
+        tok.encode_batch_fast(text, add_special_tokens=False)
+
+    out: dict[str, float] = {}
+    for name, f in (("xtml", request), ("tokenizer", tokenizer)):
+        for idle in (0.0, 0.001):
+            ts = []
+            for _ in range(300):
+                if idle:
+                    time.sleep(idle)
+                t = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - t)
+            out[f"{name}_{'idle' if idle else 'busy'}"] = statistics.median(ts[20:]) * 1e6
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -205,6 +245,7 @@ async def run(quick: bool) -> dict[str, Any]:
         }
         results: dict[str, Any] = {"tokens_short": len(short), "tokens_long": len(long), "prompt": len(prompt),
                                    "xtml_us_per_token": in_process_us_per_token(k3, vocab, long),
+                                   "xtml_us_per_request": in_process_request_us(k3, vocab, short),
                                    "server": server_stack()}
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=30)
         async with httpx.AsyncClient(limits=limits, timeout=120) as http:
@@ -307,6 +348,10 @@ def main() -> int:
     print(f"  {'the hop alone (xtml relay vs direct)':<40}{req['relay_xtml_over_direct_ms']:8.2f}")
     print("  CPU per request, ms, of the process reached: "
           + ", ".join(f"{p} {c:.2f}" for p, c in req["cpu_ms"].items()))
+    w = res["xtml_us_per_request"]
+    print(f"  xtml's own work per request, in process (render, parse, shape): {w['xtml_busy']:.0f} µs back to back, "
+          f"{w['xtml_idle']:.0f} µs after 1 ms idle;\n    the tokenizer's call alone: {w['tokenizer_busy']:.0f} µs "
+          f"back to back, {w['tokenizer_idle']:.0f} µs after 1 ms idle")
     print()
     print("per streamed token, µs  direct  relay/httpx  relay/xtml  gateway │ added: per stream  ÷ streams"
           "  over relay/xtml │ gateway CPU")
