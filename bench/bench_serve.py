@@ -219,6 +219,8 @@ async def run(quick: bool) -> dict[str, Any]:
         prompt = k3.encode(REQUEST, vocab)
         stop = k3.bind(vocab).stop_ids
         engine_api = VLLM(backend)
+        await engine_api.learn()  # the engine's context length, for the body's max_tokens
+        await engine_api.aclose()
 
         def direct_body(seed: int, stream: bool) -> dict[str, Any]:
             # Exactly what the gateway sends the engine.

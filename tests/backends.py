@@ -11,11 +11,16 @@ The formats, as each engine documents them:
   token_ids contains the delta tokens for each chunk". A choice is
   ``{"index", "text", "logprobs", "finish_reason", "stop_reason",
   "token_ids"}``; generation stops at a ``stop_token_ids`` id (which is
-  in the output) or at ``max_tokens`` (``finish_reason: "length"``); a
-  stream is server-sent events ``data: {...}`` ending with ``data: [DONE]``.
+  in the output) or at ``max_tokens`` (``finish_reason: "length"``), which
+  is 16 when left out (``max_tokens: int | None = 16``) and the context
+  length less the prompt when null (entrypoints/utils.py,
+  ``get_max_tokens``); ``GET /v1/models`` lists model cards with
+  ``max_model_len``; a stream is server-sent events ``data: {...}`` ending
+  with ``data: [DONE]``.
 * SGLang, ``POST /generate`` (docs: basic_usage/sampling_params and
   native_api; sglang/srt/entrypoints/http_server.py ``generate_request``):
-  ``input_ids`` and ``sampling_params`` (``max_new_tokens``,
+  ``input_ids`` and ``sampling_params`` (``max_new_tokens``, 128 when left
+  out, the context less the prompt less one when null;
   ``stop_token_ids`` ...); the answer is ``{"text", "output_ids",
   "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens"}}``,
   ``finish_reason`` null until the end, then ``{"type": "stop", "matched": id}``
@@ -58,6 +63,9 @@ Send = Callable[[dict[str, Any]], Any]
 
 PATHS = {"vllm": "/v1/completions", "sglang": "/generate", "llamacpp": "/completion"}
 
+# Valid JSON that Python's parser gives up on (RecursionError).
+DEEP_JSON = b"[" * 100_000 + b"]" * 100_000
+
 
 class StandIn:
     """One scripted engine of ``kind``.
@@ -67,6 +75,8 @@ class StandIn:
     token limit as the real one does. ``mode`` makes it misbehave:
     ``not_json``, ``no_ids``, ``out_of_range`` (an id past the vocabulary),
     ``garbage_mid_stream`` (a bad event after ``good`` events),
+    ``deep_json`` (JSON nested past any parser's depth, as the answer or
+    as the event after ``good``),
     ``error_mid_stream`` (the engine's own error event after ``good``),
     ``status`` (answers ``status`` with an error object), ``unhealthy``.
     ``delay`` is the time between stream events, ``head_delay`` the time
@@ -92,6 +102,9 @@ class StandIn:
         self.delay = 0.0
         self.head_delay = 0.0
         self.incremental = False
+        # The context length (vLLM's max_model_len, SGLang's max_req_len);
+        # None: vLLM's model card leaves it out.
+        self.context: int | None = 1 << 16
         self.requests: list[dict[str, Any]] = []
         self.sent: list[list[int]] = []
         self.finished = 0
@@ -105,6 +118,7 @@ class StandIn:
         self.good = 2
         self.delay = self.head_delay = 0.0
         self.incremental = False
+        self.context = 1 << 16
         self.requests.clear()
         self.sent.clear()
         self.finished = self.closed_early = 0
@@ -113,17 +127,29 @@ class StandIn:
 
     def generate(self, body: dict[str, Any]) -> tuple[list[int], list[int], str, Any]:
         """(prompt, output ids, finish reason, what stopped it)."""
+        context = self.context or 1 << 16
         if self.kind == "vllm":
-            prompt, limit, stops = body["prompt"], body.get("max_tokens"), body.get("stop_token_ids") or []
+            prompt, limit, stops = body["prompt"], body.get("max_tokens", 16), body.get("stop_token_ids") or []
+            if limit is None:
+                limit = context - len(prompt)
         elif self.kind == "sglang":
             sp = body.get("sampling_params") or {}
-            prompt, limit, stops = body["input_ids"], sp.get("max_new_tokens"), sp.get("stop_token_ids") or []
+            prompt, limit, stops = body["input_ids"], sp.get("max_new_tokens", 128), sp.get("stop_token_ids") or []
+            if limit is None:
+                limit = context - len(prompt) - 1
         else:
             prompt, limit, stops = body["prompt"], body.get("n_predict"), list(self.eog)
             if limit is not None and limit < 0:
                 limit = None
         if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
             raise ValueError("the prompt must be a list of token ids")
+        # Stop sequences are matched on the text generated so far, and the
+        # token that completes one is the last generated (its id is in the
+        # output, as vLLM's token_ids keep it; the text would be cut).
+        words = (body.get("sampling_params") or {}).get("stop") if self.kind == "sglang" else body.get("stop")
+        words = [words] if isinstance(words, str) else list(words or ())
+        table = self.token_bytes
+        text = b""
         answer = self.answer(body) if callable(self.answer) else self.answer
         out: list[int] = []
         for t in answer:
@@ -134,6 +160,12 @@ class StandIn:
                     out.append(t)
                 return prompt, out, "stop", t
             out.append(t)
+            if words and table is not None:
+                text += (table[t] if 0 <= t < len(table) else None) or b""
+                said = text.decode("utf-8", "ignore")
+                hit = next((w for w in words if w in said), None)
+                if hit is not None:
+                    return prompt, out, "stop", hit
         return prompt, out, "stop", None
 
     # -- ASGI ------------------------------------------------------------------------
@@ -148,6 +180,12 @@ class StandIn:
                 await _send_json(send, 503, {"error": {"message": "loading model", "code": 503}})
             else:
                 await _send_json(send, 200, {"status": "ok"})
+            return
+        if method == "GET" and path == "/v1/models" and self.kind == "vllm":
+            card: dict[str, Any] = {"id": "stand-in", "object": "model", "owned_by": "vllm"}
+            if self.context is not None:
+                card["max_model_len"] = self.context
+            await _send_json(send, 200, {"object": "list", "data": [card]})
             return
         if method != "POST" or path != self.path:
             await _send_json(send, 404, {"error": {"message": f"no route {method} {path}"}})
@@ -180,6 +218,10 @@ class StandIn:
                 await _send(send, 200, b"<html>not an engine</html>", "text/html")
                 done = True
                 return
+            if self.mode == "deep_json" and not body.get("stream"):
+                await _send(send, 200, DEEP_JSON, "application/json")
+                done = True
+                return
             prompt, ids, finish, matched = self.generate(body)
             if self.mode == "out_of_range":
                 ids = [*ids[:2], self.vocab_size + 5, *ids[2:]]
@@ -204,9 +246,11 @@ class StandIn:
             if gone.is_set():
                 self.closed_early += 1
                 return False
-            if self.mode in ("garbage_mid_stream", "error_mid_stream", "no_ids") and k >= self.good:
+            if self.mode in ("garbage_mid_stream", "deep_json", "error_mid_stream", "no_ids") and k >= self.good:
                 if self.mode == "garbage_mid_stream":
                     event = b"data: {not json\n\n"
+                elif self.mode == "deep_json":
+                    event = b"data: " + DEEP_JSON + b"\n\n"
                 elif self.mode == "no_ids":
                     event = b"data: " + json.dumps({"choices": [{"index": 0, "text": "x"}]}).encode() + b"\n\n"
                 else:
@@ -236,7 +280,8 @@ class StandIn:
                 out["output_ids"] = ids
             return out
         out = {"index": 0, "content": "", "id_slot": 0, "stop": True, "model": "m",
-               "stop_type": "limit" if finish == "length" else "eos", "stopping_word": "",
+               "stop_type": "limit" if finish == "length" else "word" if isinstance(matched, str) else "eos",
+               "stopping_word": matched if isinstance(matched, str) else "",
                "tokens_evaluated": len(prompt), "tokens_predicted": len(ids), "truncated": False}
         if self.mode != "no_ids":
             out["tokens"] = ids

@@ -503,3 +503,54 @@ def test_serving_doc_command_lines_parse() -> None:
     for ln in lines:
         args = _parser().parse_args(shlex.split(ln)[1:])
         assert args.command == "parse" and args.completion
+
+
+# -- stop sequences ----------------------------------------------------------------------------
+
+def _texts(stops: shapes.StopSequences, pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The text deltas of ``pieces`` ((field, text), each its own chunk, then
+    a final chunk) after the filter."""
+    cs = shapes.ChunkStream(model="m", id="chatcmpl-1", created=0)
+    out: list[tuple[str, str]] = []
+    for field, text in pieces:
+        chunk = cs._chunk({field: text})
+        for c in stops.chunks([chunk]):
+            out += [(k, v) for k, v in c["choices"][0]["delta"].items()]
+    final = cs._chunk({}, "stop")
+    final["choices"][0]["xtml_diagnostics"] = []
+    for c in stops.chunks([final]):
+        out += [(k, v) for k, v in c["choices"][0]["delta"].items()]
+    return out
+
+
+def test_stop_sequences_hold_back_what_could_start_one() -> None:
+    # "spec" spelled over three deltas: "sp" is held, then given up with the rest.
+    s = shapes.StopSequences(["spec", "END"])
+    assert _texts(s, [("content", "Four, and the sp"), ("content", "e"), ("content", "c is at")]) == [
+        ("content", "Four, and the ")]
+    assert s.found == "spec"
+    # A prefix that turns out not to be one goes out, whole and in order.
+    s = shapes.StopSequences(["spec"])
+    assert "".join(t for _, t in _texts(s, [("content", "a sp"), ("content", "ot"), ("content", " sp")])) \
+        == "a spot sp"
+    assert s.found is None
+    # Reasoning held at its end goes out before the content that follows it.
+    s = shapes.StopSequences(["Eas"])
+    assert _texts(s, [("reasoning_content", "Think E"), ("content", "Hi")]) == [
+        ("reasoning_content", "Think "), ("reasoning_content", "E"), ("content", "Hi")]
+    # The first of several in the text wins; nothing after it goes out.
+    s = shapes.StopSequences(["c", "ab"])
+    assert _texts(s, [("content", "xabc"), ("content", "more")]) == [("content", "x")]
+    assert s.found == "ab"
+
+
+def test_stop_sequences_cut_a_whole_message() -> None:
+    shaped = shapes.Shaped({"role": "assistant", "content": "one END two", "reasoning_content": "why"}, "stop", [])
+    cut = shapes.StopSequences(["END"]).message(shaped, 9)
+    assert cut.message == {"role": "assistant", "content": "one ", "reasoning_content": "why"}
+    assert [d["kind"] for d in cut.diagnostics] == ["stop-sequence"] and "'END'" in cut.diagnostics[0]["message"]
+    # In the reasoning: the content after it goes too.
+    cut = shapes.StopSequences(["h"]).message(shaped, 9)
+    assert cut.message == {"role": "assistant", "content": "", "reasoning_content": "w"}
+    # Never written: the same object.
+    assert shapes.StopSequences(["zz"]).message(shaped, 9) is shaped

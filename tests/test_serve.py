@@ -163,7 +163,10 @@ class Rig:
         return list(body["input_ids"] if self.kind == "sglang" else body["prompt"])
 
     def post(self, body: Any, timeout: float = 30) -> httpx.Response:
-        return httpx.post(self.url + "/v1/chat/completions", json=body, timeout=timeout)
+        # json.dumps, not httpx's encoder: a client may send NaN, which
+        # Python's JSON writes and reads.
+        return httpx.post(self.url + "/v1/chat/completions", content=json.dumps(body).encode(),
+                          headers={"content-type": "application/json"}, timeout=timeout)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -254,6 +257,106 @@ def test_cut_off_by_the_token_limit(rig: Rig, stream: bool) -> None:
     assert got == want
 
 
+# Longer than vLLM's default limit for a completion (16) and SGLang's (128).
+LONG = answer_of({"role": "assistant", "reasoning_content": "Count.", "content": " ".join(map(str, range(200)))})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_no_max_tokens_is_up_to_the_context(rig: Rig, stream: bool) -> None:
+    """A request that sets no limit may fill the context, as OpenAI's does;
+    vLLM's completions would stop at 16 tokens and SGLang at 128 unless the
+    gateway says otherwise."""
+    assert len(LONG) > 128
+    rig.engine.answer = LONG
+    if stream:
+        got = got_stream(list(rig.client.chat.completions.create(model="kimi-k3", stream=True, **REQUEST)))
+    else:
+        got = got_whole(rig.client.chat.completions.create(model="kimi-k3", **REQUEST))
+    sent = rig.engine.sent[-1]
+    assert sent == (LONG[:-1] if rig.kind == "llamacpp" else LONG)  # llama.cpp leaves out the end id
+    assert got == expected(sent) and got["finish_reason"] == "stop"
+    body = rig.engine.requests[-1]
+    if rig.kind == "vllm":
+        assert body["max_tokens"] == rig.engine.context - len(rig.prompt()) > 0
+    elif rig.kind == "sglang":
+        assert body["sampling_params"]["max_new_tokens"] is None
+    else:
+        assert "n_predict" not in body  # llama.cpp's default, -1, is no limit
+    # A limit the client sets is the one the engine gets.
+    rig.client.chat.completions.create(model="kimi-k3", max_tokens=7, **REQUEST)
+    body = rig.engine.requests[-1]
+    assert {"vllm": lambda: body["max_tokens"], "sglang": lambda: body["sampling_params"]["max_new_tokens"],
+            "llamacpp": lambda: body["n_predict"]}[rig.kind]() == 7
+
+
+def test_vllm_without_a_context_length(caplog: pytest.LogCaptureFixture) -> None:
+    """An engine whose model card has no max_model_len: the request goes
+    without a limit, the engine's default cuts it, finish_reason says so,
+    and the log says why, once."""
+    r = Rig("vllm")
+    try:
+        r.engine.context = None
+        r.engine.answer = LONG
+        with caplog.at_level(logging.WARNING, logger="xtml.serve"):
+            for _ in range(2):
+                got = got_whole(r.client.chat.completions.create(model="kimi-k3", **REQUEST))
+                assert "max_tokens" not in r.engine.requests[-1]
+                assert len(r.engine.sent[-1]) == 16 and got["finish_reason"] == "length"
+        assert [m for m in caplog.messages if "max_model_len" in m] == [
+            "the backend's GET /v1/models gives no max_model_len: a request without max_tokens gets the engine's "
+            "default limit (16 tokens for vLLM's completions)"]
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("stop", "content", "reasoning", "calls", "diags"), [
+    # In the text: it ends before the sequence; OpenAI's finish_reason.
+    (["spec", "zzz"], "Four, and the ", "Easy.", [], ["stop-sequence", "truncated"]),
+    ("xtml.dev", "Four, and the spec is at ", "Easy.", [], ["stop-sequence", "truncated"]),
+    # In the reasoning: nothing after it.
+    (["Eas"], "", "", [], ["stop-sequence", "truncated"]),
+    # Never written: the whole answer.
+    (["nowhere"], "Four, and the spec is at xtml.dev.", "Easy.", [], []),
+])
+def test_stop_sequences(rig: Rig, stream: bool, stop: Any, content: str, reasoning: str, calls: list[Any],
+                        diags: list[str]) -> None:
+    """The engine stops at a stop sequence, and the ids it returns hold the
+    tokens that spelled it: the text ends before it, as OpenAI's does, and
+    a stream never sends a piece of it."""
+    rig.engine.answer = ANSWERS["text"]
+    if stream:
+        chunks = list(rig.client.chat.completions.create(model="kimi-k3", stream=True, stop=stop, **REQUEST))
+        got = got_stream(chunks)
+        words = [stop] if isinstance(stop, str) else stop
+        for c in chunks:
+            for piece in (c.choices[0].delta.content or "", (c.choices[0].delta.model_extra or {}).get(
+                    "reasoning_content") or "") if c.choices else ():
+                assert not any(w in piece for w in words)
+    else:
+        got = got_whole(rig.client.chat.completions.create(model="kimi-k3", stop=stop, **REQUEST))
+    body = rig.engine.requests[-1]
+    assert (body["sampling_params"] if rig.kind == "sglang" else body)["stop"] == (
+        [stop] if isinstance(stop, str) else stop)
+    assert got == {"content": content, "reasoning_content": reasoning, "calls": calls, "finish_reason": "stop",
+                   "diagnostics": diags}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_sequence_inside_a_call(rig: Rig, stream: bool) -> None:
+    """A stop sequence in a call's arguments leaves the call unfinished: it
+    is withheld, and the finish reason is the engine's (stop)."""
+    rig.engine.answer = ANSWERS["calls"]
+    if stream:
+        got = got_stream(list(rig.client.chat.completions.create(model="kimi-k3", stream=True, stop=["2+"],
+                                                                 **REQUEST)))
+        got["calls"] = got["calls"][:1]  # the withheld call's start went out
+    else:
+        got = got_whole(rig.client.chat.completions.create(model="kimi-k3", stop=["2+"], **REQUEST))
+    assert got["finish_reason"] == "stop" and "withheld-call" in got["diagnostics"]
+    assert [name for name, _ in got["calls"]] == ["search"]
+
+
 def _with_a_split_character() -> tuple[list[int], int]:
     """The "text" answer with "你" (E4 BD A0) put at the end of its content as
     three byte tokens, and the index of the first."""
@@ -283,22 +386,34 @@ def test_held_text_is_cut_into_that_many_tokens() -> None:
     assert cut(b"a" * 129, 129, by, 4) is None  # longer than is ever held
 
 
-def test_llamacpp_past_the_end_marker(llamacpp: Rig, caplog: pytest.LogCaptureFixture) -> None:
-    # A GGUF whose end-of-generation tokens lack the end marker: the model
-    # runs on; the answer is cut after the marker, and the log says why
-    # answers cost their whole token limit.
-    llamacpp.engine.reset()
-    eog, llamacpp.engine.eog = llamacpp.engine.eog, ()
+@pytest.mark.parametrize("stream", [False, True])
+def test_llamacpp_past_the_end_marker(caplog: pytest.LogCaptureFixture, stream: bool) -> None:
+    """A GGUF whose end-of-generation tokens lack the end marker: the model
+    runs on, to its end-of-generation token or to the token limit; the
+    answer and its usage end at the marker with finish_reason stop, and the
+    log says, once, why answers cost their whole token limit."""
+    r = Rig("llamacpp")
     try:
-        llamacpp.engine.answer = [*ANSWERS["text"], 100, 200]
+        r.engine.eog = ()
+        text = ANSWERS["text"]
+        r.engine.answer = [*text, 100, 200]
         with caplog.at_level(logging.WARNING, logger="xtml.serve"):
-            r = llamacpp.client.chat.completions.create(model="kimi-k3", **REQUEST)
+            for limit in (None, len(text) + 2, None):  # the model's own end; the token limit ("limit")
+                kw: dict[str, Any] = {"max_tokens": limit} if limit else {}
+                if stream:
+                    chunks = list(r.client.chat.completions.create(
+                        model="kimi-k3", stream=True, stream_options={"include_usage": True}, **kw, **REQUEST))
+                    got, usage = got_stream(chunks), chunks[-1].usage
+                else:
+                    resp = r.client.chat.completions.create(model="kimi-k3", **kw, **REQUEST)
+                    got, usage = got_whole(resp), resp.usage
+                assert r.engine.sent[-1] == [*text, 100, 200]
+                assert got == expected(text) and got["finish_reason"] == "stop"
+                assert usage is not None and usage.completion_tokens == len(text)
+        if not stream:
+            assert len([m for m in caplog.messages if "past the end marker" in m]) == 1
     finally:
-        llamacpp.engine.eog = eog
-    assert llamacpp.engine.sent[-1] == [*ANSWERS["text"], 100, 200]
-    assert got_whole(r) == expected(ANSWERS["text"])
-    assert r.usage is not None and r.usage.completion_tokens == len(ANSWERS["text"])
-    assert any("past the end marker" in m for m in caplog.messages)
+        r.close()
 
 
 def _llamacpp_read(events: list[dict[str, Any]], **params: Any) -> tuple[list[int], int]:
@@ -419,12 +534,17 @@ def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
 def test_model_names(vllm: Rig) -> None:
     vllm.engine.answer = ANSWERS["text"]
     assert [m.id for m in vllm.client.models.list().data] == ["kimi-k3"]
+    assert vllm.client.models.retrieve("kimi-k3").id == "kimi-k3"
+    with pytest.raises(openai.NotFoundError) as e:
+        vllm.client.models.retrieve("gpt-4o")
+    assert e.value.code == "model_not_found" and "kimi-k3" in e.value.message
     r = vllm.client.chat.completions.create(model="anything", **REQUEST)
     assert r.model == "kimi-k3" and "model" not in vllm.engine.requests[-1]
     named = Rig("vllm", backend_model="org/k3-7b")
     try:
         named.engine.answer = ANSWERS["text"]
         assert [m.id for m in named.client.models.list().data] == ["org/k3-7b"]
+        assert named.client.models.retrieve("org/k3-7b").id == "org/k3-7b"
         r = named.client.chat.completions.create(model="whatever", **REQUEST)
         assert r.model == "org/k3-7b" and named.engine.requests[-1]["model"] == "org/k3-7b"
     finally:
@@ -469,6 +589,10 @@ def test_model_output_never_fails_a_request(vllm: Rig) -> None:
             want = expected(vllm.engine.sent[-1])
             if stream:
                 want["calls"] = []  # a withheld call's start may have gone out
+            if want["finish_reason"] == "length":
+                # The engine stopped on its own, not at a limit: a message it
+                # left unfinished ends with its reason.
+                want["finish_reason"] = "stop"
             assert got == want
 
 
@@ -536,6 +660,11 @@ def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
     ({**REQUEST, "n": 2}, "n"),
     ({**REQUEST, "temperature": "hot"}, "temperature"),
     ({**REQUEST, "max_tokens": 0}, "max_tokens"),
+    ({**REQUEST, "temperature": float("nan")}, "temperature"),
+    ({**REQUEST, "top_p": float("inf")}, "top_p"),
+    ({**REQUEST, "logit_bias": {"five": 1}}, "logit_bias"),
+    ({**REQUEST, "logit_bias": {"5": float("-inf")}}, "logit_bias"),
+    ({**REQUEST, "stream": True, "stream_options": {"include_usage": "no"}}, "stream_options.include_usage"),
     ({**REQUEST, "stream": "yes"}, "stream"),
     ({**REQUEST, "logprobs": True}, "logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
@@ -610,7 +739,7 @@ def test_a_backend_that_is_too_slow_is_a_504(stream: bool) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("mode", ["not_json", "no_ids", "out_of_range"])
+@pytest.mark.parametrize("mode", ["not_json", "deep_json", "no_ids", "out_of_range"])
 def test_garbage_from_the_backend_is_a_502(rig: Rig, mode: str, stream: bool) -> None:
     rig.engine.answer = ANSWERS["calls"]
     rig.engine.mode = mode
@@ -629,7 +758,7 @@ def test_garbage_from_the_backend_is_a_502(rig: Rig, mode: str, stream: bool) ->
     assert err["code"] == "backend_invalid_response" and err["type"] == "backend_error"
 
 
-@pytest.mark.parametrize("mode", ["garbage_mid_stream", "error_mid_stream"])
+@pytest.mark.parametrize("mode", ["garbage_mid_stream", "deep_json", "error_mid_stream"])
 def test_a_failure_after_the_stream_started_is_an_error_event(rig: Rig, mode: str) -> None:
     rig.engine.answer = ANSWERS["calls"]
     rig.engine.mode = mode
@@ -639,7 +768,8 @@ def test_a_failure_after_the_stream_started_is_an_error_event(rig: Rig, mode: st
         for c in rig.client.chat.completions.create(model="kimi-k3", stream=True, **REQUEST):
             got.append(c)
     assert got and got[0].choices[0].delta.role == "assistant"
-    assert ("not JSON" if mode == "garbage_mid_stream" else "the engine failed") in e.value.message
+    assert ("the engine failed" if mode == "error_mid_stream" else "not JSON") in e.value.message
+    assert e.value.code == ("backend_error" if mode == "error_mid_stream" else "backend_invalid_response")
 
 
 @pytest.mark.parametrize("status", [400, 500])
@@ -721,6 +851,10 @@ def test_the_command_checks_its_arguments(capsys: pytest.CaptureFixture[str], tm
     assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--backend-kind", "tgi"]) == 2
     assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--backend-timeout", "0"]) == 2
     capsys.readouterr()
+    # Past 65535 a socket would listen on the port modulo 65536.
+    for port in ("65536", "70000", "-1", "http"):
+        assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--port", port]) == 2
+        assert "expected a port number, 0 to 65535" in capsys.readouterr().err
     code = xtml_main(["serve", "--backend", "http://127.0.0.1:1", "--tokenizer", str(tmp_path / "missing.json")])
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("xtml: error:") and err.count("\n") == 1

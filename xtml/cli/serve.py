@@ -11,7 +11,7 @@ from typing import Any, TextIO
 from ..errors import XtmlError
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, at_least
+from .common import TOKENIZER_HELP
 from .output import UsageError
 
 COMMANDS = ("serve",)
@@ -54,7 +54,7 @@ def add_commands(sub: Any) -> None:
                    help="add the template's markers to the tokenizer as special tokens first (a model "
                         "fine-tuned on XTML from a base tokenizer)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    s.add_argument("--port", type=at_least(0), default=8000, help="port to listen on (default: 8000)")
+    s.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000; 0: any free one)")
     s.add_argument("--backend-kind", choices=KINDS, default="vllm",
                    help="the engine's API: vllm (POST /v1/completions, default), sglang (POST /generate) or "
                         "llamacpp (POST /completion)")
@@ -68,6 +68,17 @@ def add_commands(sub: Any) -> None:
                    help="never send the engine a completion grammar (for an engine without llguidance)")
     s.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default: info)")
+
+
+def _port(s: str) -> int:
+    # The socket layer takes a port modulo 65536: 70000 would listen on 4464.
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, 0 to 65535, not {s!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number, 0 to 65535, not {s!r}")
+    return v
 
 
 def _seconds(s: str) -> float:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -119,8 +120,10 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     for k in _NUMBERS:
         v = body.get(k)
         if v is not None:
-            if type(v) not in (int, float):
-                raise RequestError(f"{k} must be a number", location=k)
+            # Python's JSON reader takes NaN and Infinity, which no engine's
+            # JSON parser does: the engine would refuse the whole body.
+            if type(v) not in (int, float) or not math.isfinite(v):
+                raise RequestError(f"{k} must be a finite number", location=k)
             out[k] = v
     for k in _INTS:
         v = body.get(k)
@@ -157,8 +160,13 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         out["ignore_eos"] = ignore
     bias = body.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, Mapping) or not all(type(b) in (int, float) for b in bias.values()):
+        if not isinstance(bias, Mapping):
             raise RequestError("logit_bias must map token ids to numbers", location="logit_bias")
+        for k, b in bias.items():
+            if not (isinstance(k, str) and k.isascii() and k.isdigit()):
+                raise RequestError(f"logit_bias keys are token ids, not {k!r}", location="logit_bias")
+            if type(b) not in (int, float) or not math.isfinite(b):
+                raise RequestError(f"logit_bias[{k!r}] must be a finite number", location="logit_bias")
         if bias:
             out["logit_bias"] = dict(bias)
     n = body.get("n")
@@ -247,9 +255,17 @@ class Backend:
         self.url = url.rstrip("/")
         self.client = Client(self.url, timeout=timeout)
         self.model = model
+        self.ready = False
+        """Whether :meth:`learn` has what it needs from the engine."""
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    async def learn(self) -> None:
+        """Ask the engine, once, what its requests depend on (vLLM: the
+        context length). The engine being unreachable raises; an engine
+        that does not say is asked no more."""
+        self.ready = True
 
     # -- what each kind says -----------------------------------------------------------
 
@@ -269,6 +285,8 @@ class Backend:
 
     async def generate(self, gen: Generation) -> Output:
         """The whole answer to ``gen``."""
+        if not self.ready:
+            await self.learn()
         try:
             status, content = await self.client.request("POST", self.path, _dumps(self.body(gen, False)),
                                                         limit=_MAX_BODY)
@@ -278,7 +296,7 @@ class Backend:
             raise _status(status, content, self.url)
         try:
             data = json.loads(content)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _garbage(f"not JSON: {content[:200]!r}", "body") from None
         if isinstance(data, Mapping) and data.get("error"):
             raise BackendError(f"the backend failed: {_message(data)}", code="backend_error")
@@ -293,6 +311,8 @@ class Backend:
         event, is what a busy gateway pays. Closing the iterator early
         closes the connection, which cancels the engine's request."""
         reader = self.reader(gen)
+        if not self.ready:
+            await self.learn()
         try:
             resp = await self.client.send("POST", self.path, _dumps(self.body(gen, True)))
         except TransportError as e:
@@ -431,7 +451,7 @@ def _decode(data: bytes) -> Any:
         # Decoded first: json.loads of bytes guesses their encoding, on
         # every event.
         return _loads(data.decode())
-    except ValueError:
+    except (ValueError, RecursionError):
         if data.strip() == b"[DONE]":
             return None
         raise _garbage(f"an event that is not JSON: {data[:200]!r}", "stream") from None
@@ -464,7 +484,7 @@ def _transport(e: TransportError, url: str) -> BackendError:
 def _status(status: int, content: bytes, url: str) -> BackendError:
     try:
         msg = _message(json.loads(content))
-    except ValueError:
+    except (ValueError, RecursionError):
         msg = content[:1000].decode("utf-8", "replace")
     if status in (400, 413, 422):
         # The engine refused the request itself (a prompt longer than its
@@ -494,6 +514,40 @@ class VLLM(Backend):
     kind = "vllm"
     path = "/v1/completions"
 
+    def __init__(self, url: str, *, model: str | None = None, timeout: float = 600.0) -> None:
+        super().__init__(url, model=model, timeout=timeout)
+        self.max_model_len: int | None = None
+        """The engine's context length, from its model list."""
+
+    async def learn(self) -> None:
+        # A chat request without max_tokens may fill the context, but vLLM's
+        # CompletionRequest defaults max_tokens to 16 (the completions API's
+        # default; vllm/entrypoints/openai/completion/protocol.py), and its
+        # stream asserts max_tokens is not None: so the gateway always sends
+        # one, the context length less the prompt, which is what vLLM itself
+        # takes when a request leaves it out (entrypoints/utils.py,
+        # get_max_tokens). The context length is the model card's
+        # max_model_len in GET /v1/models (engine/protocol.py, ModelCard).
+        try:
+            status, content = await self.client.request("GET", "/v1/models", limit=1 << 20)
+        except TransportError as e:
+            raise _transport(e, self.url) from None
+        self.ready = True
+        try:
+            cards = json.loads(content)["data"] if status == 200 else []
+        except (ValueError, RecursionError, TypeError, KeyError):
+            cards = []
+        if not isinstance(cards, list):
+            cards = []
+        cards = [c for c in cards if isinstance(c, Mapping)]
+        card = next((c for c in cards if c.get("id") == self.model), cards[0] if cards else None)
+        n = card.get("max_model_len") if card is not None else None
+        if type(n) is int and n > 0:
+            self.max_model_len = n
+        else:
+            log.warning("the backend's GET /v1/models gives no max_model_len: a request without max_tokens "
+                        "gets the engine's default limit (16 tokens for vLLM's completions)")
+
     def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
         p = gen.params
         out: dict[str, Any] = {"prompt": gen.prompt, "return_token_ids": True, "skip_special_tokens": False,
@@ -503,6 +557,9 @@ class VLLM(Backend):
         for k in _VLLM_FIELDS:
             if k in p:
                 out[k] = p[k]
+        if "max_tokens" not in p and self.max_model_len is not None:
+            # A prompt that fills the context is vLLM's to refuse, in its words.
+            out["max_tokens"] = max(1, self.max_model_len - len(gen.prompt))
         if gen.grammar is not None:
             # docs/features/structured_outputs.md: "guided_grammar ->
             # {"structured_outputs": {"grammar": ...}}"; the guidance backend
@@ -588,7 +645,13 @@ class SGLang(Backend):
     path = "/generate"
 
     def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
-        params: dict[str, Any] = {"stop_token_ids": _stop_ids(gen), "skip_special_tokens": False}
+        # max_new_tokens is 128 when left out (SamplingParams), but null is
+        # "up to the context": the scheduler takes min(max_new_tokens, or
+        # 1 << 30 when None, max_req_len - prompt - 1)
+        # (sglang/srt/managers/scheduler.py, init_req_max_new_tokens), as
+        # SGLang's own chat endpoint does for a request without max_tokens.
+        params: dict[str, Any] = {"stop_token_ids": _stop_ids(gen), "skip_special_tokens": False,
+                                  "max_new_tokens": None}
         for k, name in _SGLANG_FIELDS.items():
             if k in gen.params:
                 params[name] = gen.params[k]
@@ -705,7 +768,7 @@ class LlamaCpp(Backend):
                 out[name] = gen.params[k]
         bias = gen.params.get("logit_bias")
         if bias:
-            out["logit_bias"] = [[int(k), v] for k, v in bias.items() if str(k).isdigit()]
+            out["logit_bias"] = [[int(k), v] for k, v in bias.items()]  # keys checked by sampling()
         if gen.grammar is not None:
             # The grammar opens with "%llguidance {}", which a llama.cpp
             # built with LLAMA_LLGUIDANCE hands to llguidance.

@@ -56,7 +56,7 @@ from ..chat.request import prepare
 from ..errors import OptionError, RequestError, XtmlError
 from .backends import BACKENDS, Backend, BackendError, Generation, Piece, sampling
 from .grammar import completion_grammar
-from .openai import SSE_DONE, ChunkStream, chat_completion, sse
+from .openai import SSE_DONE, ChunkStream, StopSequences, chat_completion, shape_message, sse
 
 if TYPE_CHECKING:
     from ..template import Template
@@ -176,6 +176,7 @@ class Gateway:
         routes = [
             Route("/v1/chat/completions", _Endpoint(self.serve_chat), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model_card, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
         ]
         app = _App(routes=routes, lifespan=self._lifespan,
@@ -209,9 +210,19 @@ class Gateway:
 
     # -- endpoints ---------------------------------------------------------------------
 
+    def _card(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": self.created, "owned_by": "xtml"}
+
     async def models(self, request: Request) -> Response:
-        return _json({"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
-                                                  "owned_by": "xtml"}]})
+        return _json({"object": "list", "data": [self._card()]})
+
+    async def model_card(self, request: Request) -> Response:
+        """``GET /v1/models/{model}`` (the SDK's ``models.retrieve``)."""
+        name = request.path_params["model"]
+        if name != self.model:
+            return _error(404, f"the model {name!r} does not exist: this server serves {self.model!r}",
+                          type="invalid_request_error", code="model_not_found")
+        return _json(self._card())
 
     async def health(self, request: Request) -> Response:
         try:
@@ -275,7 +286,9 @@ class Gateway:
         so = body.get("stream_options")
         if so is not None and not isinstance(so, Mapping):
             raise RequestError("stream_options must be an object", location="stream_options")
-        include_usage = bool(so and so.get("include_usage"))
+        include_usage = so.get("include_usage") if so else None
+        if include_usage is not None and type(include_usage) is not bool:
+            raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
         params = sampling(body)
         t = self.template
         o, msgs = prepare(self.dialect, body, {"unknown_keys": "ignore", "max_chars": t.max_chars})
@@ -293,7 +306,7 @@ class Gateway:
                              or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
             grammar = completion_grammar(t, body, self.tokenizer, unknown_keys="ignore")
         gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
-        return _Job(gen, o.thinking, bool(stream), include_usage)
+        return _Job(gen, o.thinking, bool(stream), bool(include_usage))
 
     async def _complete(self, job: _Job, receive: Receive, send: Send) -> None:
         watch = _Watch(receive)
@@ -317,7 +330,11 @@ class Gateway:
             await _respond(send, 502, _error_body(502, f"the backend's ids cannot be read: {e}",
                                                   type="backend_error", code="backend_invalid_response"))
             return
-        completion = chat_completion(parsed, model=self.model, prompt_tokens=len(job.gen.prompt),
+        shaped = shape_message(parsed, cut_by="stop" if out.finish_reason == "stop" else "length")
+        stop = job.gen.params.get("stop")
+        if stop:
+            shaped = StopSequences(stop).message(shaped, len(ids))
+        completion = chat_completion(shaped, model=self.model, prompt_tokens=len(job.gen.prompt),
                                      completion_tokens=len(ids))
         await _respond(send, 200, _dumps(completion))
 
@@ -359,10 +376,20 @@ class Gateway:
         parser = self.template.stream(self.tokenizer, thinking=job.thinking)
         chunks = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template)
         sse = SSE(chunks)
-        out = [sse(c) for c in chunks.feed(())]
+        stop = job.gen.params.get("stop")
+        if stop:
+            stops = StopSequences(stop)
+
+            def encode(cs: list[dict[str, Any]]) -> list[str]:
+                return [sse(c) for c in stops.chunks(cs, n)]
+        else:
+            def encode(cs: list[dict[str, Any]]) -> list[str]:
+                return [sse(c) for c in cs]
         n = 0
+        out = encode(chunks.feed(()))
         early = False
         lost = 0
+        stop_ids = frozenset(job.gen.stop_ids)
         try:
             while piece is not None:
                 ids, finish = piece
@@ -377,12 +404,18 @@ class Gateway:
                         # The model goes on after the end of its message (an
                         # engine without the end marker as a stop id): that
                         # is not read, and closing the stream stops it.
-                        n += len(ids)
                         break
+                    if not stop_ids.isdisjoint(ids):
+                        # Nor what follows a stop id in the same piece: the
+                        # answer and its usage end there, as a whole answer's
+                        # do.
+                        ids = ids[:next(k for k, t in enumerate(ids) if t in stop_ids) + 1]
                     n += len(ids)
-                    for c in chunks.feed(parser.feed(ids[0]) if len(ids) == 1 else parser.feed_many(ids)):
-                        out.append(sse(c))
+                    out += encode(chunks.feed(parser.feed(ids[0]) if len(ids) == 1 else parser.feed_many(ids)))
                 if finish is not None:
+                    # A message it cut is cut by the request's stop
+                    # sequences or ids unless the engine says the limit.
+                    chunks.cut_by = "stop" if finish == "stop" else "length"
                     break
                 if chunks.finish_reason is not None:
                     early = True
@@ -407,10 +440,8 @@ class Gateway:
             watch.stop()
             await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
             return False
-        for c in chunks.feed(parser.close()):
-            out.append(sse(c))
-        for c in chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n + job.gen.lost):
-            out.append(sse(c))
+        out += encode(chunks.feed(parser.close()))
+        out += encode(chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n + job.gen.lost))
         out.append(SSE_DONE)
         watch.stop()
         await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})

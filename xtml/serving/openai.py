@@ -20,7 +20,11 @@ rule):
 * **Finish reason.** ``length`` when the completion was cut off (the stream's
   ``stop_reason``; for a batch parse, a ``truncated`` diagnostic without an
   ``early-end`` one: the input ended inside the message), else
-  ``tool_calls`` when a call is handed back, else ``stop``.
+  ``tool_calls`` when a call is handed back, else ``stop``. A message the
+  engine stopped before its end (stop sequences or ids, a token of its own)
+  is cut off too, and finishes with ``stop`` (``cut_by``).
+* **Stop sequences** (:class:`StopSequences`): the text ends before the
+  first one the model writes; a stream holds back what could start one.
 * **Call ids** come from ``ids``, a function called once per call (default
   :func:`new_call_id`: ``call_`` and 24 random URL-safe characters, as
   OpenAI's); the normal form's ``call_0_K`` are ids inside a conversation and
@@ -79,6 +83,7 @@ __all__ = [
     "SSE_DONE",
     "ChunkStream",
     "Shaped",
+    "StopSequences",
     "chat_completion",
     "new_call_id",
     "new_completion_id",
@@ -189,8 +194,14 @@ def _calls_of(parsed: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int) -> Shaped:
-    """The shaping itself; ``id_of(k)`` gives call ``k``'s id (from 0)."""
+_CUT_BY = {"length": "was cut off by the token limit", "stop": "was cut off where the engine stopped (a stop "
+           "sequence or stop token of the request)"}
+
+
+def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by: str = "length") -> Shaped:
+    """The shaping itself; ``id_of(k)`` gives call ``k``'s id (from 0);
+    ``cut_by``: the finish reason of a cut message (``stop`` when the
+    engine stopped it for the request's stop sequences or ids)."""
     if not isinstance(parsed, Mapping):
         raise _bad("", f"expected the assistant message a completion parse returns, not {type(parsed).__name__}")
     if parsed.get("role", "assistant") != "assistant":
@@ -206,29 +217,34 @@ def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int) -> Sha
                   for k, (name, args) in enumerate(calls[:kept])]
     if kept < len(calls):
         diags.append(_call_diag("withheld-call", _cut_at(diags, end), kept, id_of(kept), calls[kept][0],
-                                "was cut off by the token limit: it is withheld and must not run"))
+                                f"{_CUT_BY[cut_by]}: it is withheld and must not run"))
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
     reasoning = parsed.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
-    reason = "length" if cut else ("tool_calls" if tool_calls else "stop")
+    reason = cut_by if cut else ("tool_calls" if tool_calls else "stop")
     return Shaped(message, reason, diags)
 
 
 def shape_message(parsed: Mapping[str, Any], *, stop_reason: str | None = None,
-                  ids: Callable[[], str] | None = None) -> Shaped:
+                  ids: Callable[[], str] | None = None, cut_by: str = "length") -> Shaped:
     """A parsed completion as an OpenAI message, finish reason and
     diagnostics.
 
     ``parsed`` is what ``Template.parse(..., completion=True, lenient=True)``
     returns (its ``diagnostics`` say whether it was cut off), or the
     ``message`` of a ``message_end`` event with its ``stop_reason``. ``ids``
-    makes each call's id (default :func:`new_call_id`)."""
+    makes each call's id (default :func:`new_call_id`). ``cut_by`` is the
+    finish reason of a message that was cut off: ``length`` (the token
+    limit), or ``stop`` when the engine said it stopped for the request's
+    stop sequences or ids."""
+    if cut_by not in _CUT_BY:
+        raise ValueError(f"cut_by must be one of {', '.join(_CUT_BY)}, not {cut_by!r}")
     make = ids or new_call_id
     cut = _cut(parsed.get("diagnostics") or []) if stop_reason is None else stop_reason == "length"
-    return _shape(parsed, cut, lambda k: make(), 0)
+    return _shape(parsed, cut, lambda k: make(), 0, cut_by)
 
 
 def _usage(prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, int] | None:
@@ -264,6 +280,127 @@ def chat_completion(parsed: Mapping[str, Any] | Shaped | Sequence[Mapping[str, A
     if usage is not None:
         out["usage"] = usage
     return out
+
+
+class StopSequences:
+    """OpenAI's ``stop``: the text a model returns ends before the first stop
+    sequence it writes, which is left out with all that follows.
+
+    An engine asked for stop sequences matches them on its own text and
+    stops, but the ids it returns still hold the tokens that spelled the
+    sequence (and may run past its end): a gateway on ids cuts the text
+    here. :meth:`message` cuts a whole answer's message; :meth:`chunks`
+    filters a stream's chunks, holding back the end of a text field while it
+    could be the start of a stop sequence (what it holds goes out once it
+    cannot, or when the field or the message ends). Text is matched within
+    ``reasoning_content`` and within ``content``; a sequence inside a tool
+    call's arguments leaves the call cut off, and the cut withholds it."""
+
+    __slots__ = ("_hold", "_pending", "found", "stops")
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self.stops = tuple(dict.fromkeys(s for s in stops if s))
+        self._hold = max(map(len, self.stops), default=1) - 1
+        self._pending: dict[str, str] = {}
+        self.found: str | None = None
+        """The stop sequence the model wrote, once it has."""
+
+    def _first(self, text: str) -> tuple[int, str | None]:
+        at, found = -1, None
+        for s in self.stops:
+            i = text.find(s)
+            if i >= 0 and (found is None or i < at):
+                at, found = i, s
+        return at, found
+
+    def _held(self, text: str) -> int:
+        """How much of the end of ``text`` could start a stop sequence."""
+        for k in range(min(self._hold, len(text)), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return k
+        return 0
+
+    def text(self, field: str, text: str) -> str:
+        """What of a field's new ``text`` can go out now."""
+        if self.found is not None:
+            return ""
+        held = self._pending.pop(field, None)
+        buf = held + text if held else text
+        at, found = self._first(buf)
+        if found is not None:
+            self.found = found
+            self._pending.clear()
+            return buf[:at]
+        k = self._held(buf)
+        if k:
+            self._pending[field] = buf[-k:]
+            return buf[:-k]
+        return buf
+
+    def diagnostic(self, offset: int) -> dict[str, Any]:
+        return {"kind": "stop-sequence", "offset": offset,
+                "message": f"the model wrote the stop sequence {self.found!r}: it and the text after it are left "
+                           "out"}
+
+    def message(self, shaped: Shaped, offset: int) -> Shaped:
+        """A whole answer's message, cut at the first stop sequence."""
+        m = dict(shaped.message)
+        for field in ("reasoning_content", "content"):
+            v = m.get(field)
+            if self.found is not None:
+                if field == "content" and v:
+                    m[field] = "" if not m.get("tool_calls") else None
+                continue
+            if isinstance(v, str) and v:
+                at, found = self._first(v)
+                if found is not None:
+                    self.found = found
+                    m[field] = v[:at]
+        if self.found is None:
+            return shaped
+        if not m.get("reasoning_content"):
+            m.pop("reasoning_content", None)
+        return Shaped(m, shaped.finish_reason, [*shaped.diagnostics, self.diagnostic(offset)])
+
+    def chunks(self, chunks: list[dict[str, Any]], offset: int = 0) -> list[dict[str, Any]]:
+        """A stream's chunks (as :class:`ChunkStream` gives them), with the
+        text that could start a stop sequence held back and the text from
+        one on left out."""
+        out: list[dict[str, Any]] = []
+        for c in chunks:
+            choices = c.get("choices")
+            if not choices:
+                out.append(c)  # the usage chunk
+                continue
+            choice = choices[0]
+            delta = choice["delta"]
+            for field in ("reasoning_content", "content"):
+                v = delta.get(field)
+                if not v:
+                    continue
+                # The other field has ended: what it held was no stop sequence.
+                other = "content" if field == "reasoning_content" else "reasoning_content"
+                held = self._pending.pop(other, None)
+                if held:
+                    out.append(_text_chunk(c, other, held))
+                delta[field] = self.text(field, v)
+            if choice["finish_reason"] is not None:
+                for field, held in self._pending.items():
+                    out.append(_text_chunk(c, field, held))
+                self._pending.clear()
+                if self.found is not None:
+                    diags = choice.get("xtml_diagnostics")
+                    if isinstance(diags, list):
+                        diags.append(self.diagnostic(offset))
+            elif delta.keys() <= {"content", "reasoning_content"} and not any(delta.values()):
+                continue  # all its text is held back
+            out.append(c)
+        return out
+
+
+def _text_chunk(like: Mapping[str, Any], field: str, text: str) -> dict[str, Any]:
+    return {**like, "choices": [{"index": 0, "delta": {field: text}, "logprobs": None, "finish_reason": None}]}
 
 
 def _value(raw: str, typ: str) -> str:
@@ -355,6 +492,10 @@ class ChunkStream:
         # its delta carries: consecutive pieces of one field share a chunk.
         self._last: dict[str, Any] | None = None
         self._last_key: Any = None
+        self.cut_by = "length"
+        """The finish reason if the message turns out cut off: set it to
+        ``stop`` before the last events when the engine said it stopped for
+        the request's stop sequences or ids."""
 
     # -- results ---------------------------------------------------------------------
 
@@ -560,7 +701,7 @@ class ChunkStream:
             return c.id if c is not None else self._ids()
 
         shaped = _shape(e.message or {"role": "assistant"}, e.stop_reason == "length", id_of,
-                        _cut_at(self._diags, e.offset))
+                        _cut_at(self._diags, e.offset), self.cut_by if self.cut_by in _CUT_BY else "length")
         kept = shaped.message.get("tool_calls", [])
         extra: list[dict[str, Any]] = []
         for k, call in enumerate(kept):
