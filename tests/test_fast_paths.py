@@ -139,8 +139,8 @@ def test_the_byte_table_is_built_once_decoding_pays_for_it(monkeypatch: pytest.M
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(-3, 129_300), max_size=40), st.integers(0, 3))
-def test_ids_out_of_range_are_refused_with_their_offset(ids: list[int], where: int) -> None:
+@given(st.lists(st.integers(-3, 129_300), max_size=40))
+def test_ids_out_of_range_are_refused_with_their_offset(ids: list[int]) -> None:
     vocab = k3_vocab()
     b = K3.bind(vocab)
     good = [i for i in ids if 0 <= i < vocab.size]

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import xtml
 import xtml.chat.dialect as dialect_mod
+import xtml.chat.request as request_module
 from xtml.chat.dialect import (
     MAX_NESTING,
     MAX_PROBLEMS,
@@ -435,7 +436,14 @@ def test_request_size_of_a_tool_list_seen_before_is_the_same() -> None:
     req = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
     first = request_size(req, 10**9)
     assert first == _walk_size(req, 10**9) > 300
+    # Seen again, as a server sees it (decoded anew from the same JSON), the
+    # list itself is not walked: only the rest of the request.
     assert request_size(json.loads(json.dumps(req)), 10**9) == first
+    walked: list[Any] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(request_module, "_walk_size", lambda v, limit: walked.append(v) or _walk_size(v, limit))
+        assert request_size(json.loads(json.dumps(req)), 10**9) == first
+    assert walked and all(isinstance(v, dict) and "tools" not in v for v in walked)
     longer = json.loads(json.dumps(req))
     longer["tools"][0]["function"]["name"] = "fg"
     assert request_size(longer, 10**9) == first + 1

@@ -390,10 +390,25 @@ def _silent_drop_cases() -> list[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize("case", _silent_drop_cases(), ids=lambda c: c[0])
 def test_fields_that_cannot_render_are_refused(case: tuple[str, dict[str, Any]]) -> None:
-    """A message field with content either reaches the tokens or is refused."""
+    """A message field with content that the template cannot render is
+    refused, naming the message and the field."""
     _, msg = case
-    try:
-        normal = k3.normalize([msg], thinking=True)
-    except xtml.XtmlError:
-        return
-    assert "KEEP-ME" in json.dumps(normal, ensure_ascii=False), f"dropped silently: {msg}"
+    field = next(k for k, v in msg.items() if "KEEP-ME" in json.dumps(v)) if "KEEP-ME" in json.dumps(msg) \
+        else next(k for k in ("tools",) if k in msg)
+    for call in (lambda: k3.normalize([msg], thinking=True), lambda: k3.render([msg], thinking=True)):
+        with pytest.raises(xtml.MessageError) as e:
+            call()
+        assert e.value.location == f"messages[0].{field}", e.value.location
+
+
+@pytest.mark.parametrize("msg", [
+    {"role": "assistant", "content": "hi", "reasoning_content": "KEEP-ME"},
+    {"role": "tool", "name": "t", "content": "KEEP-ME"},
+    {"role": "user", "content": "hi", "name": "KEEP-ME"},
+    {"role": "system", "tools": [{"type": "function", "function": {"name": "KEEP-ME"}}]},
+])
+def test_fields_that_render_reach_the_tokens(msg: dict[str, Any]) -> None:
+    """The other side of the refusals above: a field the template takes is
+    in the rendered text and comes back from a parse."""
+    assert "KEEP-ME" in k3.render([msg], thinking=True).text
+    assert "KEEP-ME" in json.dumps(k3.normalize([msg], thinking=True), ensure_ascii=False)

@@ -191,6 +191,13 @@ def _fresh(request: pytest.FixtureRequest) -> None:
 
 # -- the whole path ------------------------------------------------------------------------
 
+def _args(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # a json block: the text as written
+
+
 @pytest.mark.parametrize("name", sorted(ANSWERS))
 def test_whole_completion(rig: Rig, name: str) -> None:
     # The engine generates on past the end marker; the stop id ends it.
@@ -199,6 +206,14 @@ def test_whole_completion(rig: Rig, name: str) -> None:
     assert rig.prompt() == K3.encode(REQUEST, vocab())
     sent = rig.engine.sent[-1]
     assert got_whole(r) == expected(sent)
+    # And, apart from the shaping code: the message the model wrote, in
+    # OpenAI's fields.
+    m, want = r.choices[0].message, MESSAGES[name]
+    assert r.choices[0].finish_reason == ("tool_calls" if want.get("tool_calls") else "stop")
+    assert (m.content or "", (m.model_extra or {}).get("reasoning_content", "")) == (
+        want["content"], want.get("reasoning_content", ""))
+    assert [(c.function.name, _args(c.function.arguments)) for c in m.tool_calls or ()] == [
+        (c["function"]["name"], _args(c["function"]["arguments"])) for c in want.get("tool_calls", ())]
     assert r.model == "kimi-k3" and r.object == "chat.completion"
     assert r.usage is not None
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(rig.prompt()), len(sent))
@@ -451,13 +466,28 @@ def test_nothing_is_looked_for_when_stop_strings_hold_text() -> None:
     assert _llamacpp_read(events, stop=["END"]) == ([ids[at + 2]], 2)
 
 
+class _Counted(dict[bytes, int]):
+    lookups = 0
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        type(self).lookups += 1
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize("k", [1, 5, 32, 33, 10**6])
 @pytest.mark.parametrize("n", [1, 64, 128])
-def test_cutting_held_text_stays_cheap(n: int) -> None:
-    # Every run of one to four bytes is a token: the cut's work stays
-    # bounded by the held length, whatever count the engine claims.
-    by = {b"x" * m: m for m in range(1, 5)}
-    out = backends.cut_into_tokens(b"x" * n, 10**6, by, 4)
+def test_cutting_held_text_stays_cheap(n: int, k: int) -> None:
+    # Every run of one to four bytes is a token (its id is its length): a
+    # cut into k tokens when one exists and k is at most 32, else into as few
+    # as can be; the vocabulary is looked up at most four times per held
+    # byte, whatever count the engine claims.
+    by = _Counted({b"x" * m: m for m in range(1, 5)})
+    _Counted.lookups = 0
+    out = backends.cut_into_tokens(b"x" * n, k, by, 4)
     assert out is not None and sum(out) == n
+    fewest = -(-n // 4)
+    assert len(out) == (k if fewest <= k <= min(n, 32) else fewest)
+    assert _Counted.lookups <= 4 * n
 
 
 @pytest.fixture(scope="module")
