@@ -711,6 +711,17 @@ def test_a_bad_request_is_a_400_naming_where(vllm: Rig, body: dict[str, Any], pa
     assert vllm.engine.requests == []
 
 
+def test_a_field_the_engine_lacks_is_refused(rig: Rig) -> None:
+    r = rig.post({**REQUEST, "min_tokens": 5})
+    if rig.kind == "llamacpp":
+        assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+        assert rig.engine.requests == []
+    else:
+        assert r.status_code == 200
+        body = rig.engine.requests[-1]
+        assert (body["sampling_params"]["min_new_tokens"] if rig.kind == "sglang" else body["min_tokens"]) == 5
+
+
 def test_the_sdk_raises_a_bad_request(vllm: Rig) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         vllm.client.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "hi"},

@@ -250,6 +250,9 @@ class Backend:
     kind: ClassVar[str]
     path: ClassVar[str]
     health_path: ClassVar[str] = "/health"
+    lacks: ClassVar[tuple[str, ...]] = ()
+    """Sampling fields the engine has no counterpart for: a request that
+    sets one is refused rather than answered as if it had not."""
 
     def __init__(self, url: str, *, model: str | None = None, timeout: float = 600.0) -> None:
         self.url = url.rstrip("/")
@@ -754,6 +757,7 @@ class LlamaCpp(Backend):
 
     kind = "llamacpp"
     path = "/completion"
+    lacks = ("min_tokens",)  # tools/server/README.md lists no minimum length
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)

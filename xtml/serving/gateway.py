@@ -290,6 +290,10 @@ class Gateway:
         if include_usage is not None and type(include_usage) is not bool:
             raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
         params = sampling(body)
+        for k in BACKENDS[self.kind].lacks:
+            if params.get(k):
+                raise RequestError(f"{k} cannot be served: the {self.kind} backend has no such field",
+                                   location=k)
         t = self.template
         o, msgs = prepare(self.dialect, body, {"unknown_keys": "ignore", "max_chars": t.max_chars})
         if o.continue_final:
