@@ -352,6 +352,42 @@ def test_appended_messages_are_copied() -> None:
     _same(conv)
 
 
+def test_options_are_copied() -> None:
+    """A tool list (or image prompts) the caller changes afterwards changes
+    neither the ids nor what request() says they are of."""
+    tools = copy.deepcopy(TOOLS)
+    conv = K3.conversation(vocab(), tools=tools)
+    conv.append({"role": "user", "content": "a"})
+    tools.append({"type": "function", "function": {"name": "h"}})
+    tools[0]["function"]["name"] = "changed"
+    assert [t["function"]["name"] for t in conv.request()["tools"]] == ["f", "g"]
+    _same(conv)
+    prompts = [IMAGE_PROMPT["kimi-k3"]]
+    conv.set_options(image_prompts=prompts)
+    prompts.append(IMAGE_PROMPT["kimi-k3"])
+    conv.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]})
+    assert conv.request()["image_prompts"] == [IMAGE_PROMPT["kimi-k3"]]
+    _same(conv)
+
+
+def test_an_append_that_is_not_a_tool_result_renders_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only tool results are resolved against the messages before them
+    (back to the latest assistant message): any other message appended is
+    resolved alone, however long the conversation since that message."""
+    conv = K3.conversation(vocab(), tools=TOOLS)
+    conv.extend([{"role": "user", "content": "a"}, _calls("f", "g"), {"role": "tool", "content": "1"}])
+    conv.extend([{"role": "user", "content": str(k)} for k in range(50)])
+    windows: list[int] = []
+    real = conv._resolve
+    monkeypatch.setattr(conv, "_resolve", lambda window, w, o: windows.append(len(window)) or real(window, w, o))
+    conv.append({"role": "user", "content": "next"})
+    conv.append({"role": "assistant", "content": "sure"})
+    assert windows == [1, 1]
+    conv.append({"role": "tool", "name": "f", "content": "2"})  # resolved with the assistant message before it
+    assert windows == [1, 1, 2]
+    _same(conv)
+
+
 # -- errors ------------------------------------------------------------------------
 
 def test_a_bad_message_is_located_in_the_whole_conversation_and_changes_nothing() -> None:
@@ -372,6 +408,14 @@ def test_a_bad_message_is_located_in_the_whole_conversation_and_changes_nothing(
     with pytest.raises(xtml.MessageError, match="not JSON"):
         conv.append({"role": "assistant", "tool_calls": [{"function": {"name": "f",
                                                                        "arguments": {"x": object()}}}]})
+    # Errors inside a value of a message (a tool declaration's schema) too.
+    bad = {"role": "system", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "default": float("nan")}}}]}
+    with pytest.raises(xtml.RequestError) as r:
+        conv.append(bad)
+    with pytest.raises(xtml.RequestError) as whole:
+        K3.encode({**conv.request(), "messages": [*conv.messages, bad]}, vocab())
+    assert r.value.location == whole.value.location == "messages[3].tools"
     assert (conv.messages, conv.ids, conv.prompt_ids()) == before
 
 

@@ -427,6 +427,26 @@ def test_request_size_counts_every_string() -> None:
     assert request_size({"messages": [shared] * 1000}, 10**9) > 100_000
 
 
+def test_request_size_counts_models_as_what_they_dump() -> None:
+    """Request and message models (pydantic, as SDKs give them) count as
+    the dicts they render from, not as one value each."""
+    from pydantic import BaseModel
+
+    class Message(BaseModel):
+        role: str
+        content: str
+
+    class Request(BaseModel):
+        messages: list[Message]
+
+    big = Message(role="user", content="x" * 100_000)
+    for req in ({"messages": [big]}, Request(messages=[big]), [big]):
+        assert request_size(req, 10**9) > 100_000
+        with pytest.raises(xtml.RequestError, match="more than max_chars=1,000"):
+            K3.render(req, max_chars=1000)
+    assert "x" * 100 in K3.render(Request(messages=[Message(role="user", content="x" * 100)])).text
+
+
 def test_request_size_of_a_tool_list_seen_before_is_the_same() -> None:
     """The size of a tool list is kept by its marshal bytes: the same list
     again (a new object) counts the same, a changed one is walked anew, and

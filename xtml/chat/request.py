@@ -617,6 +617,9 @@ def _request_size(request: Any, limit: int) -> tuple[int, _Known | None]:
 _tool_sizes: dict[bytes, int] = {}
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def _walk_size(request: Any, limit: int) -> int:
     # Level by level, so that a container's children are queued in C
     # (``extend``): this runs on every request.
@@ -640,6 +643,9 @@ def _walk_size(request: Any, limit: int) -> int:
                 extend(x)
             elif isinstance(x, str):
                 total += len(x)
+            elif t not in _SCALARS and callable(getattr(x, "model_dump", None)):
+                # A request or message model counts as what it renders from.
+                extend((fields.dump(x),))
         if total > limit or not nxt:
             break
         level = nxt

@@ -30,6 +30,7 @@ it was.
 from __future__ import annotations
 
 import copy
+import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -312,14 +313,19 @@ class Conversation:
         bad = sorted(k for k in opts if k not in CONVERSATION_OPTIONS)
         if bad:
             raise OptionError(f"{bad[0]} applies to one prompt: pass it to prompt_ids()", option=bad[0])
-        return opts
+        # Copies, as of messages: a tool list the caller changes later must
+        # not change what request() shows but the ids do not hold.
+        try:
+            return {k: _copy(v) for k, v in opts.items()}
+        except RecursionError:
+            raise RequestError("the request is nested too deeply") from None
 
     def _normalized(self, messages: Iterable[Any], start: int) -> list[Any]:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
             raise RequestError(f"expected a list of messages, not {type(messages).__name__}")
         try:
             return fields.messages_of(list(messages), self._ignore, KNOWN_MESSAGE_KEYS)
-        except MessageError as e:
+        except RequestError as e:
             raise _shifted(e, start) from None
 
     def _options_size(self, opts: Mapping[str, Any]) -> int:
@@ -355,7 +361,7 @@ class Conversation:
         try:
             _, msgs = prepare(self.dialect, request,
                               {"max_chars": None, "unknown_keys": "ignore" if self._ignore else "error"})
-        except MessageError as e:
+        except RequestError as e:
             raise _shifted(e, w) from None
         if w:
             for m in msgs:
@@ -405,7 +411,10 @@ class Conversation:
         d = self.dialect
         if opts is None:
             o = self._o
-            w = self._window(start)
+            # Only tool results are resolved against the messages before
+            # them: other messages appended render alike whatever precedes.
+            w = self._window(start) if start < len(self._raw) or any(
+                _is_tool(d, m) for m in raw[start:]) else start
         else:
             o = resolve_options(d, opts)
             w = 0
@@ -498,9 +507,32 @@ def _keyword_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return fields.keyword_options(options)
 
 
-def _shifted(e: MessageError, by: int) -> MessageError:
-    """The error with its index in the whole conversation."""
-    return MessageError(e.msg, index=e.index + by, path=e.path) if by else e
+def _is_tool(d: Dialect, m: Mapping[str, Any]) -> bool:
+    role = m.get("role")
+    return isinstance(role, str) and d.role_aliases.get(role, role) == "tool"
+
+
+_AT = re.compile(r"messages\[(\d+)\]")
+
+
+def _shifted(e: RequestError, by: int) -> RequestError:
+    """The error with its message index in the whole conversation (a
+    message's own errors, and those of a value inside one: a tool
+    declaration's schema, say)."""
+    if not by:
+        return e
+    if isinstance(e, MessageError):
+        return MessageError(e.msg, index=e.index + by, path=e.path)
+
+    def shift(where: str) -> str:
+        return _AT.sub(lambda m: f"messages[{int(m.group(1)) + by}]", where, count=1) \
+            if where.startswith("messages[") else where
+
+    if isinstance(e, OptionError):
+        return OptionError(e.msg, option=shift(e.option)) if type(e) is OptionError else e
+    if type(e) is RequestError and e.location is not None:
+        return RequestError(e.msg, location=shift(e.location))
+    return e
 
 
 def _copy(x: Any) -> Any:
