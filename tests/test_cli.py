@@ -128,3 +128,70 @@ def test_fuzz_with_tokenizer_runs() -> None:
 @pytest.mark.parametrize("argv", [["fuzz", "--examples", "0"], ["fuzz", "--examples", "x"]])
 def test_fuzz_usage_errors(argv: list[str]) -> None:
     assert run(argv)[0] == 2
+
+
+# -- what the system refuses, and options that do nothing alone -------------------------
+
+def _subprocess(args: list[str], *, stdout: object = None, closed_stdin: bool = False) -> tuple[int, str]:
+    import os
+    import subprocess
+
+    def close_stdin() -> None:
+        os.close(0)
+
+    r = subprocess.run([sys.executable, "-m", "xtml", *args], stdout=stdout if stdout is not None else
+                       subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                       preexec_fn=close_stdin if closed_stdin else None)  # type: ignore[call-overload]
+    return r.returncode, r.stderr
+
+
+@pytest.mark.parametrize("argv", [["render"], ["parse"],
+                                  ["lint-dataset", "-", "--tokenizer", deepseek_path(), "--add-markers"]])
+def test_a_closed_standard_input_is_one_line(argv: list[str]) -> None:
+    code, err = _subprocess(argv, closed_stdin=True)
+    assert code == 1 and err == "xtml: error: cannot read standard input: it is closed\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["render", str(EXAMPLE)], ["templates"]])
+def test_a_full_disk_on_standard_output_is_one_line(argv: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        code, err = _subprocess(argv, stdout=full)
+    assert code == 1 and err == "xtml: error: cannot write the output: No space left on device\n"
+
+
+@pytest.mark.parametrize("option", ["-o", "--errors"])
+def test_a_dataset_command_never_writes_over_its_input(tmp_path: Path, option: str) -> None:
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    command = ["render-dataset", str(data), "-o", str(tmp_path / "out.parquet")] if option == "--errors" else \
+        ["render-dataset", str(data)]
+    code, _, err = run([*command, option, str(data), "--tokenizer", deepseek_path(), "--add-markers"])
+    assert code == 2 and f"{option} {data} is the input" in err
+    assert data.read_text() == '{"messages": [{"role": "user", "content": "hi"}]}\n'
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["render", str(EXAMPLE), "-o", ""], "-o needs a file name"),
+    (["new-template", "x", "-o", ""], "-o needs a file name"),
+    (["parse", "-", "--thinking", "true"], "--thinking says how the prompt before a completion was rendered"),
+    (["render", str(EXAMPLE), "--add-markers"], "--add-markers adds the template's markers to a tokenizer"),
+    (["validate", "kimi-k3", "-n", "10000000"], "expected at most 1,000,000 examples"),
+    (["fuzz", "-n", "10000000"], "expected at most 1,000,000 examples"),
+    (["export", "grammar", str(EXAMPLE), "--max-calls", "5000"], "expected at most 4,096"),
+    (["render-dataset", "x.jsonl", "-o", "x.parquet", "--tokenizer", "t.json", "--workers", "100000"],
+     "expected at most"),
+])
+def test_options_that_cannot_do_what_they_say_are_usage_errors(argv: list[str], said: str) -> None:
+    code, out, err = run(argv, stdin="x")
+    assert code == 2 and said in err and out == ""
+
+
+def test_token_ids_that_are_not_ids_are_located(tmp_path: Path) -> None:
+    f = tmp_path / "ids.json"
+    for text, said in (("[1, 2.0]", "element 1 is 2.0"), ('["1"]', 'element 0 is "1"'), ("[true]", "element 0 is true"),
+                       ('{"ids": []}', "not dict")):
+        f.write_text(text)
+        code, _, err = run(["parse", str(f), "--tokenizer", deepseek_path(), "--add-markers"])
+        sep = ": " if "element" in said else ", "
+        assert code == 1 and err == f"xtml: error: expected a JSON array of token ids{sep}{said}\n"

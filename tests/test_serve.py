@@ -28,7 +28,7 @@ import pytest
 
 import xtml
 from tests.backends import StandIn, closed_port, running
-from tests.conftest import k3_vocab
+from tests.conftest import deepseek_path, k3_vocab
 from xtml import testing as xt
 from xtml.cli import serve as serve_cli
 from xtml.cli.main import main as xtml_main
@@ -892,6 +892,23 @@ def test_the_command_checks_its_arguments(capsys: pytest.CaptureFixture[str], tm
     assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--backend-kind", "tgi"]) == 2
     assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--backend-timeout", "0"]) == 2
     capsys.readouterr()
+    for url, said in (("http://[::1", "Invalid IPv6 URL"), ("http://x:99999", "Port out of range"),
+                      ("http://x:abc", "Port could not be cast"), ("http://x y", "http:// or https:// URL")):
+        assert xtml_main(["serve", "--backend", url, "--tokenizer", str(tmp_path / "t.json")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("xtml: error: ") and said in err and err.count("\n") == 1
+    # An address in use, or a host that is not this machine's: one line, before uvicorn starts.
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, said in (("127.0.0.1", "Address already in use"), ("999.1.1.1", "cannot listen on 999.1.1.1")):
+            code = xtml_main(["serve", "--backend", "http://127.0.0.1:1", "--tokenizer", deepseek_path(),
+                              "--add-markers", "--host", host, "--port", str(port)])
+            err = capsys.readouterr().err
+            assert code == 1 and err.startswith("xtml: error: cannot listen on") and said in err, err
+            assert err.count("\n") == 1
     # Past 65535 a socket would listen on the port modulo 65536.
     for port in ("65536", "70000", "-1", "http"):
         assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--port", port]) == 2

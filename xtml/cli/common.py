@@ -22,6 +22,8 @@ def read_input(path: str) -> str:
     name = "standard input" if path == "-" else path
     try:
         if path == "-":
+            if sys.stdin is None:  # the process was started with it closed
+                raise InputError("cannot read standard input: it is closed")
             binary = getattr(sys.stdin, "buffer", None)
             if binary is None:  # a text stream put in place by the caller
                 return str(sys.stdin.read())
@@ -58,8 +60,9 @@ def boolean(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {s!r}")
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer not below ``minimum``."""
+def at_least(minimum: int, most: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer not below ``minimum`` (nor above
+    ``most``, for the reason ``why``)."""
     what = "a positive integer" if minimum == 1 else "a whole number" if minimum == 0 else f"an integer ≥ {minimum}"
 
     def convert(s: str) -> int:
@@ -69,6 +72,8 @@ def at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected {what}, not {s!r}") from None
         if v < minimum:
             raise argparse.ArgumentTypeError(f"expected {what}, not {s!r}")
+        if most is not None and v > most:
+            raise argparse.ArgumentTypeError(f"expected at most {most:,}{why}, not {s}")
         return v
 
     return convert

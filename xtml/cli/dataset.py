@@ -4,6 +4,7 @@ jobs themselves are :mod:`xtml.training.dataset`)."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, TextIO
 
 from .common import TOKENIZER_HELP, at_least
@@ -24,7 +25,8 @@ EPILOG_LINT = """examples:
 """
 
 
-_positive = at_least(1)
+# More worker processes than this only wait on each other.
+_workers = at_least(1, 4 * max(os.cpu_count() or 1, 1), f" (4 for each of the {os.cpu_count() or 1} CPUs)")
 
 
 def add_commands(sub: Any) -> None:
@@ -43,7 +45,7 @@ def add_commands(sub: Any) -> None:
         p.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
         p.add_argument("--add-markers", action="store_true",
                        help="add the template's markers to the tokenizer as special tokens")
-        p.add_argument("--workers", type=_positive, default=1, metavar="N",
+        p.add_argument("--workers", type=_workers, default=1, metavar="N",
                        help="worker processes (default: 1, this process); the output does not depend on it")
         p.add_argument("--errors", metavar="FILE", dest="errors_file",
                        help="write every skipped row (and overrun) as JSON lines to FILE")
@@ -85,6 +87,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if parquet is not None and errors is not None and errors.target == parquet.target:
         # The second file moved into place would replace the first.
         raise UsageError(f"--errors {args.errors_file} and -o {args.parquet} are one file")
+    # The rows are read while the outputs are written: an output moved over
+    # the input would replace the dataset.
+    if args.file != "-":
+        source = os.path.realpath(args.file)
+        for option, o in (("-o", parquet), ("--errors", errors)):
+            if o is not None and o.target and (o.target == source or o.target.startswith(source + os.sep)):
+                raise UsageError(f"{option} {o.path} is the input {args.file}: name another file")
     # Imported when the command runs: the job machinery (worker processes,
     # Parquet) is no part of any other command's start-up.
     from ..training.dataset import run

@@ -51,7 +51,8 @@ def add_commands(sub: Any) -> None:
     g.add_argument("--add-markers", action="store_true",
                    help="add the template's markers to the tokenizer as special tokens first")
     g.add_argument("--thinking", type=_bool, metavar="BOOL", help="override the request's thinking option")
-    g.add_argument("--max-calls", type=at_least(1), default=MAX_CALLS, metavar="N",
+    g.add_argument("--max-calls", type=at_least(1, 4096, " (each index is spelled out in the grammar)"),
+                   default=MAX_CALLS, metavar="N",
                    help=f"calls one message may make (default: {MAX_CALLS})")
     g.add_argument("--no-json-fallback", dest="json_fallback", action="store_false",
                    help="refuse the json block in calls (arguments then go key by key)")

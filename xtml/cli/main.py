@@ -192,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="add the template's markers to the tokenizer as special tokens first (a base model's "
                         "tokenizer): checks the rest and runs the self-test on its ids")
     v.add_argument("-f", "--format", choices=("text", "json"), default="text", help="output format (default: text)")
-    v.add_argument("-n", "--examples", type=_count, default=50, metavar="N",
+    v.add_argument("-n", "--examples", type=_examples0, default=50, metavar="N",
                    help="requests the self-test renders and parses back (default: 50; 0 skips it)")
     v.add_argument("--seed", type=int, default=0, metavar="S", help="self-test seed (default: 0)")
     _add_output(v)
@@ -216,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_FUZZ, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_template(z)
     _add_tokenizer(z)
-    z.add_argument("-n", "--examples", type=_positive, default=200, metavar="N",
+    z.add_argument("-n", "--examples", type=_examples1, default=200, metavar="N",
                    help="examples per property (default: 200)")
     z.add_argument("--seed", type=int, metavar="S", help="seed, to repeat a run")
     dataset.add_commands(sub)
@@ -227,6 +227,10 @@ def _parser() -> argparse.ArgumentParser:
 
 _count = at_least(0)
 _positive = at_least(1)
+# A run of a million examples takes hours; past that a count is a typo.
+_EXAMPLES = 1_000_000
+_examples0 = at_least(0, _EXAMPLES, " examples")
+_examples1 = at_least(1, _EXAMPLES, " examples")
 
 
 def _fuzz(args: argparse.Namespace, out: TextIO) -> int:
@@ -340,7 +344,7 @@ def _new_template(args: argparse.Namespace, out: TextIO) -> None:
 
     if not is_name(args.name):
         raise _UserError(f"{args.name!r} is not a valid template name (letters, digits, _ - . :)")
-    path = args.path or f"{args.name}.toml"
+    path = f"{args.name}.toml" if args.path is None else args.path
     text = starter_template(args.name)
     target = Output(path)
     if target.stream is not None:
@@ -357,6 +361,8 @@ def _parse(args: argparse.Namespace, out: TextIO) -> None:
     args.openai = args.openai or args.stream
     if args.openai and not args.completion:
         raise _UsageError("--openai reads what a model generated: add --completion")
+    if args.thinking is not None and not args.completion:
+        raise _UsageError("--thinking says how the prompt before a completion was rendered: add --completion")
     tpl = load(args.template)
     source = args.source or ("ids" if args.tokenizer else "text")
     raw = _read(args.file)
@@ -364,8 +370,11 @@ def _parse(args: argparse.Namespace, out: TextIO) -> None:
     vocab = None
     if source == "ids":
         data = _json(raw, "input" if args.file == "-" else args.file)
-        if not isinstance(data, list) or not all(type(x) is int for x in data):
-            raise _UserError("expected a JSON array of token ids")
+        if not isinstance(data, list):
+            raise _UserError(f"expected a JSON array of token ids, not {type(data).__name__}")
+        bad = next((k for k, x in enumerate(data) if type(x) is not int), None)
+        if bad is not None:
+            raise _UserError(f"expected a JSON array of token ids: element {bad} is {json.dumps(data[bad])[:40]}")
         vocab = _tokenizer(args, tpl)
     else:
         # A trailing newline from an editor or `echo` is not part of the text.
@@ -446,6 +455,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        # Writing what a command reports (standard output on a full disk,
+        # say): the system's reason, in one line. Files a command reads or
+        # writes by name say so in their own errors.
+        what = f"{e.filename}: " if e.filename else "cannot write the output: "
+        print(f"xtml: error: {what}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
@@ -458,7 +474,10 @@ _BUFFERED = ("render", "parse", "inspect", "validate", "templates", "new-templat
 
 def _run(args: argparse.Namespace) -> int:
     # Checked before any input is read.
-    args.destination = Output(args.output) if getattr(args, "output", None) else Output("-")
+    if getattr(args, "add_markers", False) and not getattr(args, "tokenizer", None):
+        raise _UsageError("--add-markers adds the template's markers to a tokenizer: add --tokenizer PATH")
+    output = getattr(args, "output", None)
+    args.destination = Output("-" if output is None else output)
     out: TextIO = io.StringIO() if args.command in _BUFFERED else sys.stdout
     code = 0
     if args.command == "render":

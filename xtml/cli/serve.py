@@ -6,6 +6,8 @@ and uvicorn are imported only when the command runs: they are the optional
 from __future__ import annotations
 
 import argparse
+import socket
+import sys
 from typing import Any, TextIO
 
 from ..errors import XtmlError
@@ -98,15 +100,45 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
 
-        from ..serving.gateway import KEEP_ALIVE, create_app
+        from ..serving.gateway import KEEP_ALIVE, check_backend_url, create_app
     except ImportError as e:
         raise ServeError(f"xtml serve needs starlette, uvicorn and aiohttp ({e.name} is missing): "
                          "pip install 'xtml[serve]'") from None
+    check_backend_url(args.backend)  # before the tokenizer takes its time to load
     tpl = load(args.template)
     vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
     # Markers that do not fit the tokenizer are found now, not at the first request.
     tpl.bind(vocab)
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
                      timeout=args.backend_timeout, grammar=args.grammar)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE)
+    # Listening before uvicorn starts: an address in use or a host that is
+    # not this machine's is one line, not uvicorn's log and exit status.
+    sock = _listen(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"xtml serve: http://{shown}:{port}/v1 in front of {args.backend_kind} at {args.backend}", file=sys.stderr,
+          flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (OSError, UnicodeError) as e:
+        raise ServeError(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {where}: {e.strerror or e}") from None
+    return sock

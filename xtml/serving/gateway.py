@@ -150,9 +150,7 @@ class Gateway:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
-        parts = urlsplit(backend)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise OptionError(f"the backend must be an http:// or https:// URL, not {backend!r}", option="backend")
+        check_backend_url(backend)
         self.template = template
         self.binding = template.bind(tokenizer)
         self.vocab: Vocabulary = self.binding.vocab
@@ -556,6 +554,18 @@ class _App(Starlette):
             await self.chat(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+def check_backend_url(backend: str) -> None:
+    """Raise :class:`~xtml.OptionError` unless ``backend`` is an http(s) URL
+    with a host (and a port, if any, that is one)."""
+    try:
+        parts = urlsplit(backend)
+        parts.port  # noqa: B018 - read for its check: a port that is no number, or past 65535, raises
+    except ValueError as e:
+        raise OptionError(f"the backend {backend!r} is not a URL: {e}", option="backend") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in backend):
+        raise OptionError(f"the backend must be an http:// or https:// URL, not {backend!r}", option="backend")
 
 
 def create_app(template: Template, tokenizer: Any, backend: str, **options: Any) -> Starlette:

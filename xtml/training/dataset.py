@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import io
 import json
 import lzma
 import os
@@ -629,7 +630,13 @@ def _open_input(path: str) -> tuple[JsonLines | TableRows, IO[bytes] | None]:
     """The rows of ``path`` and the file to close after: JSON lines (``-``
     for stdin), or a table (a folder, or a .parquet or .arrow file)."""
     if path == "-":
-        return JsonLines(sys.stdin.buffer, "standard input"), None
+        stdin = sys.stdin
+        if stdin is None:  # the process was started with it closed
+            raise DatasetError("cannot read standard input: it is closed")
+        binary = getattr(stdin, "buffer", None)
+        if binary is None:  # a text stream put in place by the caller
+            return JsonLines(io.BytesIO(str(stdin.read()).encode("utf-8", "surrogateescape")), "standard input"), None
+        return JsonLines(binary, "standard input"), None
     if os.path.isdir(path) or path.endswith((".parquet", ".arrow")):
         if not os.path.exists(path):
             raise DatasetError(f"cannot read {path}: no such file or directory")
