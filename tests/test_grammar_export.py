@@ -868,6 +868,38 @@ def test_cli_prints_what_llguidance_loads(tmp_path: Path) -> None:
     assert code == 1 and "tool_choice" in err and out == ""
 
 
+@pytest.mark.parametrize(("schema", "said"), [
+    ({"type": "string", "pattern": "(["}, "unclosed character class"),
+    ({"$ref": "#/nope"}, "nope"),
+])
+def test_cli_refuses_a_schema_llguidance_cannot_compile(tmp_path: Path, schema: dict[str, Any], said: str) -> None:
+    """What an engine would refuse at its first request is refused when the
+    grammar is written, in one line."""
+    req = {"messages": [{"role": "user", "content": "hi"}],
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+               "type": "object", "properties": {"a": schema}}}}]}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req))
+    code, out, err = run_cli(["export", "grammar", str(path)])
+    assert code == 1 and out == "" and err.startswith("xtml: error: llguidance cannot compile this grammar: ")
+    assert said in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("depth", [450, 2000])
+def test_a_schema_nested_past_the_recursion_limit_is_a_request_error(depth: int) -> None:
+    # 450 levels render (JSON is written in C) but the grammar's writer
+    # recurses per level; 2000 are past the JSON writer too.
+    inner: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        inner = {"type": "array", "items": inner}
+    req = {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+               "type": "object", "properties": {"x": inner}}}}]}
+    with pytest.raises(xtml.RequestError, match=r"nested too deeply|recursion depth") as e:
+        K3.completion_grammar(req)
+    assert e.value.location == "tools"
+
+
 def test_docs_examples_run() -> None:
     """Every ```python block of docs/grammar.md runs as written."""
     run_examples("docs/grammar.md")

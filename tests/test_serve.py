@@ -372,6 +372,13 @@ def test_a_stop_sequence_inside_a_call(rig: Rig, stream: bool) -> None:
     assert [name for name, _ in got["calls"]] == ["search"]
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    inner: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        inner = {"type": "array", "items": inner}
+    return inner
+
+
 def _with_a_split_character() -> tuple[list[int], int]:
     """The "text" answer with "你" (E4 BD A0) put at the end of its content as
     three byte tokens, and the index of the first."""
@@ -691,6 +698,8 @@ def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
     ({**REQUEST, "temperature": "hot"}, "temperature"),
     ({**REQUEST, "max_tokens": 0}, "max_tokens"),
     ({**REQUEST, "temperature": float("nan")}, "temperature"),
+    ({**REQUEST, "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": _nested(450)}}}}]}, "tools"),
     ({**REQUEST, "top_p": float("inf")}, "top_p"),
     ({**REQUEST, "logit_bias": {"five": 1}}, "logit_bias"),
     ({**REQUEST, "logit_bias": {"5": float("-inf")}}, "logit_bias"),

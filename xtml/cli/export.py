@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from ..serving.grammar import FORMATS, MAX_CALLS, completion_grammar
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input
+from .common import TOKENIZER_HELP, InputError, at_least, boolean, json_input, read_input
 from .output import UsageError
 
 COMMANDS = ("export",)
@@ -87,7 +87,27 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         options["thinking"] = args.thinking
     text = completion_grammar(tpl, request, vocab, format=args.format, max_calls=args.max_calls,
                               json_fallback=args.json_fallback, token_refs=args.token_refs, **options)
+    if args.format == "llguidance":
+        _check_with_llguidance(text)
     if args.json:
         text = json.dumps({"grammars": [{"lark_grammar": text}]}, ensure_ascii=False) + "\n"
     out.write(text)
     return 0
+
+
+def _check_with_llguidance(text: str) -> None:
+    """Compile the grammar with llguidance, when it is installed: what an
+    engine would refuse at its first request (a tool schema's pattern that
+    is no regular expression, a $ref to nowhere) is refused here, in one
+    line, instead."""
+    try:
+        import llguidance
+    except ImportError:
+        return
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(llguidance.grammar_from("lark", text))
+    if failed:
+        first = messages[0] if messages else "no reason given"
+        # llguidance quotes the grammar's lines after its message: the message
+        # and where it points are what a person needs.
+        head = " ".join(line.strip() for line in first.split("\n  1")[0].splitlines()[:4] if line.strip())
+        raise InputError(f"llguidance cannot compile this grammar: {head}")

@@ -105,15 +105,21 @@ def completion_grammar(template: TemplateLike | Dialect, request: Any, tokenizer
     else:
         d = template.dialect
         binding = template.bind(tokenizer) if tokenizer is not None else None
-    plan = _plan(d, request, options, max_calls=max_calls, json_fallback=json_fallback)
-    if binding is not None:
-        plan.text_ids = _text_ids(binding)
-    refs = _marker_refs(d, binding, format, token_refs)
-    if format == "llguidance":
-        return _Lark(plan, refs).write()
-    assert binding is not None  # _marker_refs refused xgrammar without one
-    specials = sorted(binding.vocab.special_ids())
-    return _Ebnf(plan, refs, specials).write()
+    try:
+        plan = _plan(d, request, options, max_calls=max_calls, json_fallback=json_fallback)
+        if binding is not None:
+            plan.text_ids = _text_ids(binding)
+        refs = _marker_refs(d, binding, format, token_refs)
+        if format == "llguidance":
+            return _Lark(plan, refs).write()
+        assert binding is not None  # _marker_refs refused xgrammar without one
+        specials = sorted(binding.vocab.special_ids())
+        return _Ebnf(plan, refs, specials).write()
+    except RecursionError:
+        # Past Python's recursion limit: a schema no engine's compiler would
+        # take either.
+        raise RequestError("a tool's parameters schema (or the response format's) is nested too deeply to write "
+                           "as a grammar", location="tools") from None
 
 
 # -- what may be generated -------------------------------------------------------------
