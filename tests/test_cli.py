@@ -195,3 +195,32 @@ def test_token_ids_that_are_not_ids_are_located(tmp_path: Path) -> None:
         code, _, err = run(["parse", str(f), "--tokenizer", deepseek_path(), "--add-markers"])
         sep = ": " if "element" in said else ", "
         assert code == 1 and err == f"xtml: error: expected a JSON array of token ids{sep}{said}\n"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('{"messages": [{"role": "user", "content": "a", "content": "b"}]}', " (at messages[0])"),
+    ('{"messages": [], "messages": [{"role": "user", "content": "a"}]}', ""),
+    ('[{"role": "user", "content": "a"}, {"role": "user", "content": {"x": 1, "x": 2}}]', " (at [1].content)"),
+])
+def test_a_key_twice_in_one_object_is_refused(tmp_path: Path, text: str, where: str) -> None:
+    """JSON would keep the last value and drop the other silently."""
+    f = tmp_path / "dup.json"
+    f.write_text(text)
+    key = "content" if "content\": \"b" in text else "messages" if text.count("messages") == 2 else "x"
+    for argv in (["render", str(f)], ["export", "grammar", str(f)]):
+        code, out, err = run(argv)
+        assert code == 1 and out == ""
+        assert err == f"xtml: error: {f}: invalid JSON: key '{key}' twice in one object{where}; JSON would keep only " \
+                      "the last\n"
+
+
+@pytest.mark.parametrize(("template", "said"), [
+    (".", "is a folder: name a template file (.toml) or a built-in"),
+    ("/dev/null", "is not a regular file (a device, a pipe or a socket)"),
+])
+def test_a_template_that_is_no_file_says_what_it_is(template: str, said: str) -> None:
+    if not Path(template).exists():
+        pytest.skip(f"no {template} here")
+    for argv in (["render", str(EXAMPLE), "-t", template], ["fuzz", "-n", "1", "-t", template]):
+        code, _, err = run(argv)
+        assert code == 1 and err.startswith("xtml: error: ") and said in err and err.count("\n") == 1

@@ -812,6 +812,12 @@ def read_template(name_or_path: str | Path) -> tuple[str, str]:
         return resources.files("xtml.dialects").joinpath(BUILTIN[key]).read_text(encoding="utf-8"), BUILTIN[key]
     p = Path(key)
     if not p.is_file():
+        if p.is_dir():
+            raise TemplateError(f"{excerpt(key)} is a folder: name a template file (.toml) or a built-in "
+                                f"({', '.join(sorted(set(BUILTIN)))})")
+        if p.exists():
+            raise TemplateError(f"{excerpt(key)} is not a regular file (a device, a pipe or a socket): name a "
+                                "template file (.toml)")
         raise TemplateError(
             f"no template named {excerpt(key)} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
         )

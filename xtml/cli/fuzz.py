@@ -121,10 +121,10 @@ def run(
     try:
         from .. import testing as xt
     except ImportError as e:
-        _write(err, f"xtml fuzz: this needs hypothesis (pip install 'xtml[testing]'): {e}\n")
+        _write(err, f"xtml: usage error: xtml fuzz needs hypothesis (pip install 'xtml[testing]'): {e}\n")
         return 2
     if examples < 1:
-        _write(err, "xtml fuzz: --examples must be at least 1\n")
+        _write(err, "xtml: usage error: --examples must be at least 1\n")
         return 2
     try:
         tpl = template if isinstance(template, Template) else load(template)
@@ -134,7 +134,8 @@ def run(
             tokenizer = byte_vocabulary(tpl.markers.all())
         vocab = tpl.bind(tokenizer).vocab
     except XtmlError as e:
-        _write(err, f"xtml fuzz: {e}\n")
+        # The one-line error every command prints.
+        _write(err, f"xtml: error: {e}\n")
         return 1
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)

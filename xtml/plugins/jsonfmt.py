@@ -168,6 +168,38 @@ def value_type(value: Any) -> str:
     return "array"
 
 
+class _Twice(Exception):
+    def __init__(self, key: str, n: int) -> None:
+        self.key = key
+        self.n = n
+
+
+class _Marked(dict[str, Any]):
+    pass
+
+
+def _path_of_object(text: str | bytes, n: int) -> str:
+    """The path (``messages[0]``) of the ``n``-th object that JSON text
+    closes, read again; empty for the top level."""
+    count = 0
+
+    def mark(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal count
+        count += 1
+        return _Marked(pairs) if count == n else dict(pairs)
+
+    stack: list[tuple[Any, str]] = [(json.loads(text, object_pairs_hook=mark), "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, _Marked):
+            return path
+        if isinstance(v, dict):
+            stack += [(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()]
+        elif isinstance(v, list):
+            stack += [(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    return ""
+
+
 class BadInput(ValueError):
     """JSON input (a file, a dataset row) that cannot be read, with a one-line
     reason."""
@@ -180,8 +212,25 @@ def input_json(text: str | bytes) -> Any:
     line and column, nesting past Python's recursion limit, an integer with
     more digits than Python converts (a bare ``ValueError`` from ``int()``
     otherwise)."""
+    objects = 0
+
+    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # A key twice in one object: json.loads would keep the last value
+        # and drop the other without a word.
+        nonlocal objects
+        objects += 1
+        d = dict(pairs)
+        if len(d) != len(pairs):
+            seen: set[str] = set()
+            raise _Twice(next(k for k, _ in pairs if k in seen or seen.add(k)), objects)  # type: ignore[func-returns-value]
+        return d
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=once)
+    except _Twice as e:
+        where = _path_of_object(text, e.n)
+        raise BadInput(f"invalid JSON: key {e.key!r} twice in one object{' (at ' + where + ')' if where else ''}; "
+                       "JSON would keep only the last") from None
     except UnicodeDecodeError:
         raise
     except json.JSONDecodeError as e:
