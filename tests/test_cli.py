@@ -224,3 +224,10 @@ def test_a_template_that_is_no_file_says_what_it_is(template: str, said: str) ->
     for argv in (["render", str(EXAMPLE), "-t", template], ["fuzz", "-n", "1", "-t", template]):
         code, _, err = run(argv)
         assert code == 1 and err.startswith("xtml: error: ") and said in err and err.count("\n") == 1
+
+
+def test_an_id_past_the_vocabulary_gets_no_completion_hint(tmp_path: Path) -> None:
+    f = tmp_path / "ids.json"
+    f.write_text("[1, 2, -1]")
+    code, _, err = run(["parse", str(f), "--tokenizer", deepseek_path(), "--add-markers"])
+    assert code == 1 and err == "xtml: error: -1 is not a token id of this tokenizer (at token 2)\n"

@@ -385,8 +385,9 @@ def _parse(args: argparse.Namespace, out: TextIO) -> None:
     try:
         result = tpl.parse(data, vocab, completion=args.completion, lenient=args.lenient, thinking=args.thinking)
     except ParseError as e:
-        if args.completion or not _looks_like_completion(tpl, data, vocab):
-            raise
+        if args.completion or not _looks_like_completion(tpl, data, vocab) or (
+                vocab is not None and any(not 0 <= t < vocab.size for t in data)):
+            raise  # an id past the vocabulary is the error, wherever the input starts
         raise _UserError(f"{e}; {_COMPLETION_HINT}") from None
     if not args.completion and result.get("diagnostics") and _looks_like_completion(tpl, data, vocab):
         print(f"xtml: hint: {_COMPLETION_HINT}", file=sys.stderr)
