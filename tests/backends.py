@@ -105,6 +105,10 @@ class StandIn:
         # The context length (vLLM's max_model_len, SGLang's max_req_len);
         # None: vLLM's model card leaves it out.
         self.context: int | None = 1 << 16
+        # GET /v1/models: how many times it was asked, and how many of the
+        # next askings answer 503 (an engine still loading).
+        self.models_asked = 0
+        self.models_fail = 0
         self.requests: list[dict[str, Any]] = []
         self.sent: list[list[int]] = []
         self.finished = 0
@@ -182,6 +186,12 @@ class StandIn:
                 await _send_json(send, 200, {"status": "ok"})
             return
         if method == "GET" and path == "/v1/models" and self.kind == "vllm":
+            self.models_asked += 1
+            if self.models_fail:
+                self.models_fail -= 1
+                await _send_json(send, 503, {"error": {"message": "loading model", "code": 503}})
+                return
+            await asyncio.sleep(0.05)  # long enough for other first requests to arrive meanwhile
             card: dict[str, Any] = {"id": "stand-in", "object": "model", "owned_by": "vllm"}
             if self.context is not None:
                 card["max_model_len"] = self.context

@@ -554,3 +554,34 @@ def test_stop_sequences_cut_a_whole_message() -> None:
     assert cut.message == {"role": "assistant", "content": "", "reasoning_content": "w"}
     # Never written: the same object.
     assert shapes.StopSequences(["zz"]).message(shaped, 9) is shaped
+
+
+def test_stop_sequences_that_overlap_end_where_the_engine_stops() -> None:
+    # An engine checks as it generates: of two that overlap, the one that
+    # ends first stops it, in a whole answer and a stream alike.
+    shaped = shapes.Shaped({"role": "assistant", "content": "xabcdeyy"}, "stop", [])
+    assert shapes.StopSequences(["abcde", "bc"]).message(shaped, 0).message["content"] == "xa"
+    for pieces in (["xabcdeyy"], list("xabcdeyy"), ["xab", "cdeyy"]):
+        got = _texts(shapes.StopSequences(["abcde", "bc"]), [("content", p) for p in pieces])
+        assert "".join(t for _, t in got) == "xa", pieces
+
+
+def test_held_text_goes_out_before_a_call_and_a_call_after_a_stop_is_left_out() -> None:
+    cs = shapes.ChunkStream(model="m", id="chatcmpl-1", created=0)
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "calc", "arguments": ""}}
+    # "z" could start "zz": held, then the call ends the text before it.
+    s = shapes.StopSequences(["zz"])
+    out = s.chunks([cs._chunk({"content": "Checking fiz"}), cs._chunk({"tool_calls": [call]})])
+    assert [list(c["choices"][0]["delta"].items()) for c in out] == [
+        [("content", "Checking fi")], [("content", "z")], [("tool_calls", [call])]]
+    # After the stop sequence, nothing: not the call, and no tool_calls finish.
+    s = shapes.StopSequences(["fiz"])
+    final = cs._chunk({}, "tool_calls")
+    final["choices"][0]["xtml_diagnostics"] = []
+    out = s.chunks([cs._chunk({"content": "Checking fiz"}), cs._chunk({"tool_calls": [call]}), final])
+    assert [c["choices"][0]["delta"] for c in out] == [{"content": "Checking "}, {}]
+    assert out[-1]["choices"][0]["finish_reason"] == "stop"
+    assert [d["kind"] for d in out[-1]["choices"][0]["xtml_diagnostics"]] == ["stop-sequence"]
+    whole = shapes.Shaped({"role": "assistant", "content": "Checking fiz", "tool_calls": [call]}, "tool_calls", [])
+    cut = shapes.StopSequences(["fiz"]).message(whole, 0)
+    assert cut.message == {"role": "assistant", "content": "Checking "} and cut.finish_reason == "stop"

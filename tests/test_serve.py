@@ -304,6 +304,35 @@ def test_no_max_tokens_is_up_to_the_context(rig: Rig, stream: bool) -> None:
             "llamacpp": lambda: body["n_predict"]}[rig.kind]() == 7
 
 
+def test_vllm_is_asked_its_context_length_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Requests that arrive together wait for one question; an engine not
+    ready yet (503) fails that request and is asked again by the next."""
+    r = Rig("vllm")
+    try:
+        r.engine.answer = LONG
+        r.engine.models_fail = 1
+        with pytest.raises(openai.APIStatusError) as e:
+            r.client.chat.completions.create(model="kimi-k3", **REQUEST)
+        assert e.value.status_code == 502 and "503" in e.value.message
+        assert r.engine.requests == [] and r.engine.models_asked == 1
+
+        async def together() -> list[Any]:
+            client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="none", max_retries=0, timeout=30)
+            try:
+                return list(await asyncio.gather(*(client.chat.completions.create(model="kimi-k3", **REQUEST)
+                                                   for _ in range(8))))
+            finally:
+                await client.close()
+
+        with caplog.at_level(logging.WARNING, logger="xtml.serve"):
+            answers = asyncio.run(together())
+        assert r.engine.models_asked == 2 and not caplog.messages
+        assert all(a.choices[0].finish_reason == "stop" for a in answers)
+        assert [b["max_tokens"] for b in r.engine.requests] == [r.engine.context - len(r.prompt())] * 8
+    finally:
+        r.close()
+
+
 def test_vllm_without_a_context_length(caplog: pytest.LogCaptureFixture) -> None:
     """An engine whose model card has no max_model_len: the request goes
     without a limit, the engine's default cuts it, finish_reason says so,
@@ -918,6 +947,14 @@ def test_the_command_checks_its_arguments(capsys: pytest.CaptureFixture[str], tm
             err = capsys.readouterr().err
             assert code == 1 and err.startswith("xtml: error: cannot listen on") and said in err, err
             assert err.count("\n") == 1
+    # Every address a host names, as uvicorn binds them ("": all interfaces),
+    # on one port even when the port is chosen by the system.
+    socks = serve_cli._listen("", 0)
+    try:
+        assert len({s.getsockname()[1] for s in socks}) == 1 and len(socks) >= 1
+    finally:
+        for s in socks:
+            s.close()
     # Past 65535 a socket would listen on the port modulo 65536.
     for port in ("65536", "70000", "-1", "http"):
         assert xtml_main(["serve", "--backend", "http://x", "--tokenizer", "t.json", "--port", port]) == 2

@@ -113,32 +113,44 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                      timeout=args.backend_timeout, grammar=args.grammar)
     # Listening before uvicorn starts: an address in use or a host that is
     # not this machine's is one line, not uvicorn's log and exit status.
-    sock = _listen(args.host, args.port)
-    host, port = sock.getsockname()[:2]
+    socks = _listen(args.host, args.port)
+    host, port = socks[0].getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"xtml serve: http://{shown}:{port}/v1 in front of {args.backend_kind} at {args.backend}", file=sys.stderr,
           flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE))
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
     return 0
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (both of
+    ``localhost``'s, say; all interfaces for ""), as uvicorn's own binding
+    does; port 0 takes the first socket's port for the others."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as e:
         raise ServeError(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}") from None
-    sock = socket.socket(family, kind, proto)
+    socks: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
+        for family, kind, proto, _, addr in dict.fromkeys((f, k, p, "", a) for f, k, p, _, a in infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and len(infos) > 1:
+                # IPv6 apart from IPv4, which has its own socket.
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(socks) > 1:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            sock.bind(addr)
+            sock.listen(2048)
     except OSError as e:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise ServeError(f"cannot listen on {where}: {e.strerror or e}") from None
-    return sock
+    return socks

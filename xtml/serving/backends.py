@@ -49,6 +49,7 @@ once, so that a read's events are parsed in one pass.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -260,6 +261,7 @@ class Backend:
         self.model = model
         self.ready = False
         """Whether :meth:`learn` has what it needs from the engine."""
+        self._learning = asyncio.Lock()
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -286,10 +288,17 @@ class Backend:
 
     # -- calls -------------------------------------------------------------------------
 
+    async def _ready(self) -> None:
+        # One question at a time: the requests that arrive meanwhile wait
+        # for its answer instead of asking too.
+        async with self._learning:
+            if not self.ready:
+                await self.learn()
+
     async def generate(self, gen: Generation) -> Output:
         """The whole answer to ``gen``."""
         if not self.ready:
-            await self.learn()
+            await self._ready()
         try:
             status, content = await self.client.request("POST", self.path, _dumps(self.body(gen, False)),
                                                         limit=_MAX_BODY)
@@ -315,7 +324,7 @@ class Backend:
         closes the connection, which cancels the engine's request."""
         reader = self.reader(gen)
         if not self.ready:
-            await self.learn()
+            await self._ready()
         try:
             resp = await self.client.send("POST", self.path, _dumps(self.body(gen, True)))
         except TransportError as e:
@@ -535,6 +544,9 @@ class VLLM(Backend):
             status, content = await self.client.request("GET", "/v1/models", limit=1 << 20)
         except TransportError as e:
             raise _transport(e, self.url) from None
+        if status >= 500:
+            # Not ready (loading, or a proxy's hiccup): asked again next time.
+            raise _status(status, content, self.url)
         self.ready = True
         try:
             cards = json.loads(content)["data"] if status == 200 else []

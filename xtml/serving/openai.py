@@ -306,11 +306,14 @@ class StopSequences:
         """The stop sequence the model wrote, once it has."""
 
     def _first(self, text: str) -> tuple[int, str | None]:
-        at, found = -1, None
+        """Where the stop sequence that the text completes first starts, and
+        which one it is: an engine checks as it generates, so of two that
+        overlap the one that ends first stops it."""
+        at, end, found = -1, -1, None
         for s in self.stops:
             i = text.find(s)
-            if i >= 0 and (found is None or i < at):
-                at, found = i, s
+            if i >= 0 and (found is None or i + len(s) < end or (i + len(s) == end and i < at)):
+                at, end, found = i, i + len(s), s
         return at, found
 
     def _held(self, text: str) -> int:
@@ -344,13 +347,15 @@ class StopSequences:
                            "out"}
 
     def message(self, shaped: Shaped, offset: int) -> Shaped:
-        """A whole answer's message, cut at the first stop sequence."""
+        """A whole answer's message, cut at the first stop sequence: what
+        follows it (the content after reasoning, the calls after content)
+        is left out."""
         m = dict(shaped.message)
         for field in ("reasoning_content", "content"):
             v = m.get(field)
             if self.found is not None:
-                if field == "content" and v:
-                    m[field] = "" if not m.get("tool_calls") else None
+                if field == "content":
+                    m[field] = ""
                 continue
             if isinstance(v, str) and v:
                 at, found = self._first(v)
@@ -361,7 +366,10 @@ class StopSequences:
             return shaped
         if not m.get("reasoning_content"):
             m.pop("reasoning_content", None)
-        return Shaped(m, shaped.finish_reason, [*shaped.diagnostics, self.diagnostic(offset)])
+        m.pop("tool_calls", None)
+        m["content"] = m.get("content") or ""
+        reason = "stop" if shaped.finish_reason == "tool_calls" else shaped.finish_reason
+        return Shaped(m, reason, [*shaped.diagnostics, self.diagnostic(offset)])
 
     def chunks(self, chunks: list[dict[str, Any]], offset: int = 0) -> list[dict[str, Any]]:
         """A stream's chunks (as :class:`ChunkStream` gives them), with the
@@ -385,11 +393,21 @@ class StopSequences:
                 if held:
                     out.append(_text_chunk(c, other, held))
                 delta[field] = self.text(field, v)
+            if "tool_calls" in delta:
+                if self.found is not None:
+                    del delta["tool_calls"]  # a call after the stop sequence is no part of the answer
+                else:
+                    # A call ends the text before it.
+                    for field, held in self._pending.items():
+                        out.append(_text_chunk(c, field, held))
+                    self._pending.clear()
             if choice["finish_reason"] is not None:
                 for field, held in self._pending.items():
                     out.append(_text_chunk(c, field, held))
                 self._pending.clear()
                 if self.found is not None:
+                    if choice["finish_reason"] == "tool_calls":
+                        choice["finish_reason"] = "stop"
                     diags = choice.get("xtml_diagnostics")
                     if isinstance(diags, list):
                         diags.append(self.diagnostic(offset))
