@@ -4,7 +4,9 @@ decoding (the grammar itself is :mod:`xtml.serving.grammar`)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 from typing import Any, TextIO
 
 from ..serving.grammar import FORMATS, MAX_CALLS, completion_grammar
@@ -106,8 +108,11 @@ def _check_with_llguidance(text: str) -> None:
         return
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(llguidance.grammar_from("lark", text))
     if failed:
-        first = messages[0] if messages else "no reason given"
-        # llguidance quotes the grammar's lines after its message: the message
-        # and where it points are what a person needs.
-        head = " ".join(line.strip() for line in first.split("\n  1")[0].splitlines()[:4] if line.strip())
+        # llguidance quotes the grammar's lines ("  17 | ...") after its
+        # message: the message and where it points are what a person needs.
+        lines = (messages[0] if messages else "no reason given").splitlines()
+        head = " ".join(x.strip() for x in itertools.takewhile(lambda x: not _QUOTED.match(x), lines) if x.strip())
         raise InputError(f"llguidance cannot compile this grammar: {head}")
+
+
+_QUOTED = re.compile(r"\s*\d+ \|")

@@ -138,7 +138,7 @@ def _listen(host: str, port: int) -> list[socket.socket]:
         raise ServeError(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}") from None
     socks: list[socket.socket] = []
     try:
-        for family, kind, proto, _, addr in dict.fromkeys((f, k, p, "", a) for f, k, p, _, a in infos):
+        for family, kind, proto, addr in dict.fromkeys((f, k, p, a) for f, k, p, _, a in infos):
             sock = socket.socket(family, kind, proto)
             socks.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

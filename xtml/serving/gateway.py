@@ -379,14 +379,11 @@ class Gateway:
         chunks = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template)
         sse = SSE(chunks)
         stop = job.gen.params.get("stop")
-        if stop:
-            stops = StopSequences(stop)
+        stops = StopSequences(stop) if stop else None
 
-            def encode(cs: list[dict[str, Any]]) -> list[str]:
-                return [sse(c) for c in stops.chunks(cs, n)]
-        else:
-            def encode(cs: list[dict[str, Any]]) -> list[str]:
-                return [sse(c) for c in cs]
+        def encode(cs: list[dict[str, Any]]) -> list[str]:
+            return [sse(c) for c in (stops.chunks(cs, n) if stops is not None else cs)]
+
         n = 0
         out = encode(chunks.feed(()))
         early = False

@@ -353,21 +353,19 @@ class StopSequences:
         m = dict(shaped.message)
         for field in ("reasoning_content", "content"):
             v = m.get(field)
-            if self.found is not None:
-                if field == "content":
-                    m[field] = ""
-                continue
-            if isinstance(v, str) and v:
-                at, found = self._first(v)
-                if found is not None:
-                    self.found = found
-                    m[field] = v[:at]
+            at, found = self._first(v) if isinstance(v, str) else (-1, None)
+            if found is not None:
+                self.found = found
+                m[field] = v[:at]  # type: ignore[index]
+                break
         if self.found is None:
             return shaped
+        if field == "reasoning_content":
+            m["content"] = ""
+        m["content"] = m["content"] or ""  # no calls now: text, even when empty
         if not m.get("reasoning_content"):
             m.pop("reasoning_content", None)
         m.pop("tool_calls", None)
-        m["content"] = m.get("content") or ""
         reason = "stop" if shaped.finish_reason == "tool_calls" else shaped.finish_reason
         return Shaped(m, reason, [*shaped.diagnostics, self.diagnostic(offset)])
 
