@@ -401,6 +401,20 @@ def test_a_stop_sequence_inside_a_call(rig: Rig, stream: bool) -> None:
     assert [name for name, _ in got["calls"]] == ["search"]
 
 
+def test_a_stop_id_of_the_request_ends_streams_and_whole_answers_alike(rig: Rig) -> None:
+    """llama.cpp takes no stop ids and generates on past one; the gateway
+    cuts there, streamed or not (other engines stop there themselves)."""
+    text = ANSWERS["text"]
+    at = len(text) // 2
+    rig.engine.answer = text
+    extra = {"stop_token_ids": [text[at]]}
+    whole = got_whole(rig.client.chat.completions.create(model="kimi-k3", extra_body=extra, **REQUEST))
+    streamed = got_stream(list(rig.client.chat.completions.create(model="kimi-k3", stream=True, extra_body=extra,
+                                                                  **REQUEST)))
+    assert streamed == whole and whole["finish_reason"] == "stop" and "truncated" in whole["diagnostics"]
+    assert whole["content"] + whole["reasoning_content"] != ""
+
+
 def _nested(depth: int) -> dict[str, Any]:
     inner: dict[str, Any] = {"type": "string"}
     for _ in range(depth):

@@ -186,7 +186,8 @@ class Generation:
     params: dict[str, Any]
     """Sampling fields as :func:`sampling` gives them."""
     stop_ids: tuple[int, ...]
-    """The template's stop ids (the end marker), and any the request adds."""
+    """The template's stop ids (the end marker); :meth:`all_stop_ids` adds
+    the request's."""
     vocab_size: int
     """Ids at or past it are not the tokenizer's: an answer holding one is
     refused."""
@@ -201,6 +202,14 @@ class Generation:
     be found again (set while streaming; a diagnostic tells the client)."""
     lost_at: int = 0
     """How many ids had come before the first of them."""
+
+    def all_stop_ids(self) -> list[int]:
+        """The ids an answer ends at: the template's, then the request's
+        ``stop_token_ids``."""
+        extra = self.params.get("stop_token_ids")
+        if not extra:
+            return list(self.stop_ids)
+        return list(dict.fromkeys([*self.stop_ids, *extra]))
 
 
 @dataclass(slots=True)
@@ -566,7 +575,7 @@ class VLLM(Backend):
     def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
         p = gen.params
         out: dict[str, Any] = {"prompt": gen.prompt, "return_token_ids": True, "skip_special_tokens": False,
-                               "stop_token_ids": _stop_ids(gen), "stream": stream}
+                               "stop_token_ids": gen.all_stop_ids(), "stream": stream}
         if self.model is not None:
             out["model"] = self.model
         for k in _VLLM_FIELDS:
@@ -636,13 +645,6 @@ def _finish(v: Any) -> str | None:
     return "stop"
 
 
-def _stop_ids(gen: Generation) -> list[int]:
-    extra = gen.params.get("stop_token_ids")
-    if not extra:
-        return list(gen.stop_ids)
-    return list(dict.fromkeys([*gen.stop_ids, *extra]))
-
-
 # -- SGLang ------------------------------------------------------------------------------
 
 # OpenAI's names → SGLang's sampling_params names.
@@ -665,7 +667,7 @@ class SGLang(Backend):
         # 1 << 30 when None, max_req_len - prompt - 1)
         # (sglang/srt/managers/scheduler.py, init_req_max_new_tokens), as
         # SGLang's own chat endpoint does for a request without max_tokens.
-        params: dict[str, Any] = {"stop_token_ids": _stop_ids(gen), "skip_special_tokens": False,
+        params: dict[str, Any] = {"stop_token_ids": gen.all_stop_ids(), "skip_special_tokens": False,
                                   "max_new_tokens": None}
         for k, name in _SGLANG_FIELDS.items():
             if k in gen.params:
@@ -797,7 +799,7 @@ class LlamaCpp(Backend):
             raise _garbage("no tokens: the backend must be llama.cpp's server (return_tokens)", "tokens")
         ids = _ids(d["tokens"], gen.vocab_size, "tokens")
         finish = _llamacpp_finish(d)
-        stops = frozenset(_stop_ids(gen))
+        stops = frozenset(gen.all_stop_ids())
         if not stops.isdisjoint(ids):
             # A model whose end-of-generation tokens miss the end marker
             # goes on past it: what follows is not the answer's.

@@ -388,7 +388,7 @@ class Gateway:
         out = encode(chunks.feed(()))
         early = False
         lost = 0
-        stop_ids = frozenset(job.gen.stop_ids)
+        stop_ids = frozenset(job.gen.all_stop_ids())  # where a whole answer is cut too
         try:
             while piece is not None:
                 ids, finish = piece
