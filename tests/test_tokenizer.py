@@ -90,6 +90,18 @@ def test_short_text_cache_gives_the_tokenizers_ids(vocab: xtml.Vocabulary) -> No
     assert vocab.encode_texts(list(reversed(texts))) == list(reversed(fresh))
 
 
+@pytest.mark.parametrize("total", [40, 511, 512, 513, 3000])
+def test_small_and_large_batches_give_the_tokenizers_ids(vocab: xtml.Vocabulary, total: int) -> None:
+    """Under _SERIAL_CHARS in all, texts are encoded one call each; above, in
+    one batch. Either way each text's ids are the tokenizer's own."""
+    words = "Paris est la capitale de la France, 2,1 millions d'habitants; ünïcödé 東京 "
+    texts = [(words * (total // len(words) + 1))[i * (total // 4):(i + 1) * (total // 4)] for i in range(4)]
+    texts.append("x" * (total - sum(map(len, texts))))
+    fresh = [vocab.tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    vocab._short.clear()
+    assert vocab.encode_texts(texts) == fresh
+
+
 def test_load_from_folder_and_errors(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
