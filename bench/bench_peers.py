@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             split_table)).decode("utf-8", "surrogateescape").split("\udcff"),
         "info: result made by pickle.loads": lambda c: pickle.loads(c["result_pickle"]),
     }
-    plan = {10: (8, 400, 20.0), 100: (4, 150, 25.0), 1000: (2, 30, 40.0), 10000: (1, 5, 120.0)}
+    plan = {10: (8, 400, 20.0), 100: (4, 150, 25.0), 1000: (2, 30, 40.0), 10000: (1, 11, 120.0)}
     if args.quick:
         plan = {n: (p, max(3, r // 10), b / 5) for n, (p, r, b) in plan.items()}
     cases: list[dict[str, Any]] = []

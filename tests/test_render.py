@@ -156,3 +156,41 @@ def test_str_subclasses_render_as_their_value(k3: xtml.Template) -> None:
                            {"id": "b", "function": {"name": "w", "arguments": Text.RAW}}]}]
     assert k3.render(sub).text == k3.render(plain).text
     assert k3.normalize(sub) == k3.normalize(plain)
+
+
+
+def test_encode_holds_collections_off_and_gives_them_back(k3: xtml.Template, vocab: xtml.Vocabulary) -> None:
+    """The checks and the render of a long request make objects by the
+    thousand and no garbage: the collector is off while encode reads the
+    messages, and on again after it, after a bad request too."""
+    import gc
+    from collections.abc import Iterator, Mapping
+
+    states: list[bool] = []
+
+    class Message(Mapping[str, Any]):
+        def __init__(self, d: dict[str, Any]) -> None:
+            self.d = d
+
+        def __getitem__(self, k: str) -> Any:
+            states.append(gc.isenabled())
+            return self.d[k]
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(self.d)
+
+        def __len__(self) -> int:
+            return len(self.d)
+
+    req = [Message({"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}) for i in range(20)]
+    expected = k3.encode([dict(m) for m in req], vocab)
+    states.clear()
+    assert gc.isenabled()
+    assert k3.encode(req, vocab) == expected
+    assert states and not any(states)
+    assert gc.isenabled()
+    states.clear()
+    with pytest.raises(xtml.MessageError):
+        k3.encode([*req, Message({"role": "nobody", "content": "x"})], vocab)
+    assert states and not any(states)
+    assert gc.isenabled()

@@ -21,6 +21,7 @@ from .chat.parse import parse_completion, parse_conversation
 from .chat.render import normal_form, render, render_tree
 from .chat.request import MAX_CHARS, Msg, Options, prepare, split_request
 from .errors import OptionError, ParseError, RequestError, shown
+from .markup.collector import collector_paused
 from .markup.grammar import parse_lexemes
 from .markup.markers import CLOSE, END, SEP, TEXT, Markers
 from .markup.nodes import Diagnostic, Document, Element
@@ -173,9 +174,13 @@ class Template:
         """Token ids of a request for ``tokenizer`` (a :class:`Vocabulary`, a
         ``tokenizers.Tokenizer`` or a path)."""
         sink = self.bind(tokenizer).sink()
-        o, msgs = self._prepare(request, options)
-        render(self.dialect, o, msgs, sink)
-        return sink.finish()
+        # Checking and rendering make objects per message and per part, none
+        # of them garbage: a collection meanwhile only walks the process's
+        # live objects (10,000 messages: 39 against 34 ms of checks).
+        with collector_paused():
+            o, msgs = self._prepare(request, options)
+            render(self.dialect, o, msgs, sink)
+            return sink.finish()
 
     def encode_training(self, request: Any, tokenizer: TokenizerLike, *, train: Any = None,
                         **options: Any) -> TrainingExample:
