@@ -591,3 +591,40 @@ def test_lenient_batch_skips_what_is_no_id_as_the_stream_does() -> None:
         with pytest.raises(xtml.ParseError, match="is not a token id") as e:
             k3.parse(ids, vocab(), completion=True, thinking=True)
         assert e.value.offset == 3
+
+
+def test_text_strs_hold_the_text_of_whole_characters_only(k3: xtml.Template, vocab: xtml.Vocabulary) -> None:
+    """The stream's table of ready text: an id's text where its bytes are
+    whole UTF-8 without a replacement character, None for markers, parts of
+    characters and empty ids, so that those take the path that decodes."""
+    b = k3.bind(vocab)
+    strs, table = b.text_strs(), b.text_table()
+    assert len(strs) == len(table) == vocab.size
+    kinds: Counter[str] = Counter()
+    for i, (s, raw) in enumerate(zip(strs, table)):
+        if i in b.kind_of_id:
+            assert raw is None and s is None
+            kinds["marker"] += 1
+        elif s is not None:
+            assert raw is not None and raw.decode() == s and "\ufffd" not in s
+            kinds["text"] += 1
+        else:
+            assert raw is not None
+            try:
+                assert not raw or "\ufffd" in raw.decode()
+                kinds["empty or replacement"] += 1
+            except UnicodeDecodeError:
+                kinds["part of a character"] += 1
+    assert kinds["marker"] and kinds["text"] and kinds["part of a character"]
+
+
+@pytest.mark.parametrize("text", ["déjà vu 東京 🚀 x", "\ufffd literal, and é", "a" * 40 + "🚀" * 5])
+def test_stream_of_split_characters_equals_batch(k3: xtml.Template, vocab: xtml.Vocabulary, text: str) -> None:
+    """Characters split over ids (the decoding path) between ids of whole
+    characters (the table's path): the same text as the batch parse."""
+    ids = k3.completion_ids(f"{text}<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>", vocab)
+    assert any(k3.bind(vocab).text_strs()[i] is None for i in ids[:-5])
+    sp = k3.stream(vocab, thinking=False)
+    got = "".join(e.text or "" for t in ids for e in sp.feed(t) if e.type == "text")
+    sp.close()
+    assert got == text == k3.parse(ids, vocab, completion=True, thinking=False)["content"]

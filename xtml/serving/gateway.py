@@ -186,6 +186,9 @@ class Gateway:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         backend = BACKENDS[self.kind](self.url, model=self.backend_model, timeout=self.timeout)
         self._backend = backend
+        # What every stream reads its tokens through, built before the first
+        # request instead of inside it (about 0.13 s for a 130,000-id vocabulary).
+        self.binding.text_strs()
         try:
             yield
         finally:

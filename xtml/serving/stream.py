@@ -167,6 +167,7 @@ class StreamParser:
         self._size = vocab.size
         self._table = vocab.byte_table()
         self._text_bytes = binding.text_table()
+        self._text_strs = binding.text_strs()
         self._byte_ids = frozenset() if self._table else _byte_fallback_ids(vocab)
         self._marks = binding.text_marks
         self._channels = frozenset(d.channels())
@@ -239,6 +240,25 @@ class StreamParser:
             # What _feed does for them, in one call instead of five. The
             # text table has None for marker ids and ends with the
             # vocabulary; what is not an int goes the long way.
+            try:
+                s = self._text_strs[token_id] if type(token_id) is int and token_id >= 0 else None
+            except IndexError:
+                s = None
+            if s is not None:
+                # Whole characters, no replacement: nothing to decode, hold
+                # back or mark lossy.
+                at = self._offset
+                self._offset = at + 1
+                if self._collect:
+                    self._run_ids.append(token_id)
+                    pieces = self._pieces
+                    pieces.append(s)
+                    if len(pieces) >= _CHUNK:
+                        self._chunks.append("".join(pieces))
+                        pieces.clear()
+                if sink.index is None:
+                    return [StreamEvent(sink.type, at, sink.channel, s)]
+                return [StreamEvent(sink.type, at, sink.channel, s, sink.index, None, sink.key)]
             try:
                 b = self._text_bytes[token_id] if type(token_id) is int and token_id >= 0 else None
             except IndexError:

@@ -79,6 +79,7 @@ class Binding:
         self._tags: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._beyond_pat: re.Pattern[str] | None = None
         self._text_table: list[bytes | None] | None = None
+        self._text_strs: list[str | None] | None = None
 
     # -- segments → ids ------------------------------------------------------
 
@@ -201,6 +202,25 @@ class Binding:
                     table[i] = None
             self._text_table = table
         return table
+
+    def text_strs(self) -> list[str | None]:
+        """The text of every id of ordinary text whose bytes are whole
+        UTF-8 on their own (no replacement character in it), None for the
+        rest: the marker ids, the ids of part of a character, the empty
+        ones. A streamed token found here needs no decoding. Built once per
+        binding."""
+        strs = self._text_strs
+        if strs is None:
+            strs = []
+            add = strs.append
+            for b in self.text_table():
+                try:
+                    s = b.decode() if b else None
+                except UnicodeDecodeError:
+                    s = None
+                add(s if s is None or "\ufffd" not in s else None)
+            self._text_strs = strs
+        return strs
 
     # -- ids → lexemes -------------------------------------------------------
 
