@@ -611,6 +611,18 @@ def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
     assert "some_engine_field" not in json.dumps(body)
 
 
+def test_sampling_values_reach_the_engine_exactly(vllm: Rig) -> None:
+    """Non-ASCII stop text, an integer bias past 64 bits (the body is then
+    written by the standard library) and floats arrive as sent."""
+    vllm.engine.answer = ANSWERS["text"]
+    for bias in (1, 10**30):
+        r = vllm.post({**REQUEST, "stop": ["終わり", "é\n"], "temperature": 1e-05, "logit_bias": {"5": bias}})
+        assert r.status_code == 200, r.text
+        body = vllm.engine.requests[-1]
+        assert body["stop"] == ["終わり", "é\n"] and body["temperature"] == 1e-05 and body["logit_bias"] == {"5": bias}
+        assert body["prompt"] == K3.encode(REQUEST, vocab())
+
+
 def test_model_names(vllm: Rig) -> None:
     vllm.engine.answer = ANSWERS["text"]
     assert [m.id for m in vllm.client.models.list().data] == ["kimi-k3"]
@@ -753,6 +765,15 @@ def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
       "continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
     ({**REQUEST, "add_generation_prompt": False}, "add_generation_prompt"),
     ({**REQUEST, "documents": [{"text": "x"}]}, "documents"),
+    # What goes to the engine as it came must be writable as UTF-8 JSON and
+    # readable by it: a lone surrogate was a 500, an integer past 64 bits
+    # the engine's refusal.
+    ({**REQUEST, "stop": ["ok", "\ud800"]}, "stop[1]"),
+    ({**REQUEST, "stop": "\udc80"}, "stop"),
+    ({**REQUEST, "seed": 2**64}, "seed"),
+    ({**REQUEST, "max_tokens": -(2**70)}, "max_tokens"),
+    ({**REQUEST, "stop_token_ids": [5, 10**9]}, "stop_token_ids[1]"),
+    ({**REQUEST, "stop_token_ids": [-1]}, "stop_token_ids"),
 ])
 def test_a_bad_request_is_a_400_naming_where(vllm: Rig, body: dict[str, Any], param: str) -> None:
     r = vllm.post(body)

@@ -57,6 +57,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import orjson
+
+from ..chat.request import surrogate_in
 from ..errors import RequestError, XtmlError
 from .client import Client, ConnectError, ProtocolError, Response, Timeout, TransportError
 
@@ -106,6 +109,7 @@ def _garbage(msg: str, where: str) -> BackendError:
 
 _NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _INTS = ("top_k", "seed", "max_tokens", "min_tokens")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,6 +135,10 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         if v is not None:
             if type(v) is not int:
                 raise RequestError(f"{k} must be an integer", location=k)
+            if not _INT64[0] <= v <= _INT64[1]:
+                # Engines read these into 64-bit integers (vLLM's seed field
+                # is bounded so); past that the engine refuses the body.
+                raise RequestError(f"{k} must fit in 64 bits", location=k)
             out[k] = v
     mct = body.get("max_completion_tokens")
     if mct is not None:
@@ -147,11 +155,16 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
             stop = [stop]
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise RequestError("stop must be a string or a list of strings", location="stop")
+        # The one text of the request that goes to the engine as it came:
+        # UTF-8 cannot write a lone surrogate, so the body could not be sent.
+        hit = surrogate_in(stop, "stop")
+        if hit is not None:
+            raise RequestError(hit[1], location=hit[0] if isinstance(body.get("stop"), list) else "stop")
         if stop:
             out["stop"] = stop
     ids = body.get("stop_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        if not isinstance(ids, list) or not all(type(i) is int and 0 <= i <= _INT64[1] for i in ids):
             raise RequestError("stop_token_ids must be a list of token ids", location="stop_token_ids")
         out["stop_token_ids"] = ids
     ignore = body.get("ignore_eos")
@@ -406,7 +419,12 @@ class Backend:
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    # The body holds the whole prompt as ids: the standard library writes
+    # 200 ids in 18 us, orjson in 1 (and 100,000 in about 9 ms against 0.5).
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:  # an integer past 64 bits, which the standard library writes
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _read_events(reader: _EventReader, events: list[bytes]) -> tuple[list[int], str | None, bool,

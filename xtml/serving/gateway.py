@@ -43,6 +43,7 @@ from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -108,7 +109,10 @@ def _backend_error(e: BackendError) -> tuple[int, bytes]:
 
 
 def _dumps(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return orjson.dumps(data)
+    except orjson.JSONEncodeError:  # an integer past 64 bits, which the standard library writes
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _json(data: Any) -> Response:
@@ -291,6 +295,9 @@ class Gateway:
         if include_usage is not None and type(include_usage) is not bool:
             raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
         params = sampling(body)
+        for j, i in enumerate(params.get("stop_token_ids", ())):
+            if i >= self.vocab.size:
+                raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
         for k in BACKENDS[self.kind].lacks:
             if params.get(k):
                 raise RequestError(f"{k} cannot be served: the {self.kind} backend has no such field",
