@@ -238,38 +238,30 @@ class StreamParser:
         if sink is not None:
             # Most tokens: text of a run that streams, no bytes held back.
             # What _feed does for them, in one call instead of five. The
-            # text table has None for marker ids and ends with the
-            # vocabulary; what is not an int goes the long way.
+            # tables have None for marker ids and end with the vocabulary;
+            # what is not an int goes the long way. Most tokens are whole
+            # characters, whose text is ready in text_strs.
             try:
                 s = self._text_strs[token_id] if type(token_id) is int and token_id >= 0 else None
             except IndexError:
                 s = None
+            if s is None:
+                # Not whole characters on its own (or holding U+FFFD, or
+                # empty): decoded, its tail held back, the run marked lossy.
+                try:
+                    raw = self._text_bytes[token_id] if type(token_id) is int and token_id >= 0 else None
+                except IndexError:
+                    raw = None
+                if raw is not None:
+                    s, used = _utf8(raw, "replace", False)
+                    if used < len(raw):
+                        self._pend = raw[used:]
+                        self._fast = None
+                    if "\ufffd" in s:
+                        self._lossy = True
             if s is not None:
-                # Whole characters, no replacement: nothing to decode, hold
-                # back or mark lossy.
                 at = self._offset
                 self._offset = at + 1
-                if self._collect:
-                    self._run_ids.append(token_id)
-                    pieces = self._pieces
-                    pieces.append(s)
-                    if len(pieces) >= _CHUNK:
-                        self._chunks.append("".join(pieces))
-                        pieces.clear()
-                if sink.index is None:
-                    return [StreamEvent(sink.type, at, sink.channel, s)]
-                return [StreamEvent(sink.type, at, sink.channel, s, sink.index, None, sink.key)]
-            try:
-                b = self._text_bytes[token_id] if type(token_id) is int and token_id >= 0 else None
-            except IndexError:
-                b = None
-            if b is not None:
-                at = self._offset
-                self._offset = at + 1
-                s, used = _utf8(b, "replace", False)
-                if used < len(b):
-                    self._pend = b[used:]
-                    self._fast = None
                 if self._collect:
                     self._run_ids.append(token_id)
                     if s:
@@ -280,8 +272,6 @@ class StreamParser:
                             pieces.clear()
                 if not s:
                     return []
-                if "\ufffd" in s:
-                    self._lossy = True
                 if sink.index is None:
                     # Channel text, by far the most common, has no index or
                     # key, and the generated __init__ fills defaults faster
