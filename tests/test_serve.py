@@ -774,6 +774,9 @@ def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
     ({**REQUEST, "max_tokens": -(2**70)}, "max_tokens"),
     ({**REQUEST, "stop_token_ids": [5, 10**9]}, "stop_token_ids[1]"),
     ({**REQUEST, "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({**REQUEST, "max_completion_tokens": 2**64}, "max_completion_tokens"),
+    ({**REQUEST, "logit_bias": {"5": 1, "1000000000": 2}}, "logit_bias['1000000000']"),
+    ({**REQUEST, "logit_bias": {"1" * 25: 2}}, f"logit_bias[{'1' * 25!r}]"),
 ])
 def test_a_bad_request_is_a_400_naming_where(vllm: Rig, body: dict[str, Any], param: str) -> None:
     r = vllm.post(body)

@@ -90,13 +90,18 @@ def test_short_text_cache_gives_the_tokenizers_ids(vocab: xtml.Vocabulary) -> No
     assert vocab.encode_texts(list(reversed(texts))) == list(reversed(fresh))
 
 
-@pytest.mark.parametrize("total", [40, 511, 512, 513, 3000])
-def test_small_and_large_batches_give_the_tokenizers_ids(vocab: xtml.Vocabulary, total: int) -> None:
-    """Under _SERIAL_CHARS in all, texts are encoded one call each; above, in
-    one batch. Either way each text's ids are the tokenizer's own."""
+@pytest.mark.parametrize("count", [2, 4, 5, 16])
+@pytest.mark.parametrize("total", [40, 512, 513, 3000])
+def test_small_and_large_batches_give_the_tokenizers_ids(vocab: xtml.Vocabulary, total: int, count: int) -> None:
+    """A few texts under _SERIAL_CHARS in all are encoded one call each;
+    more of them, or longer, in one batch. Either way each text's ids are
+    the tokenizer's own."""
     words = "Paris est la capitale de la France, 2,1 millions d'habitants; ünïcödé 東京 "
-    texts = [(words * (total // len(words) + 1))[i * (total // 4):(i + 1) * (total // 4)] for i in range(4)]
+    long = words * (total // len(words) + 1)
+    each = total // count
+    texts = [long[i * each:(i + 1) * each] for i in range(count - 1)]
     texts.append("x" * (total - sum(map(len, texts))))
+    assert sum(map(len, texts)) == total and len(set(texts)) == count
     fresh = [vocab.tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
     vocab._short.clear()
     assert vocab.encode_texts(texts) == fresh

@@ -144,6 +144,8 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     if mct is not None:
         if type(mct) is not int:
             raise RequestError("max_completion_tokens must be an integer", location="max_completion_tokens")
+        if not _INT64[0] <= mct <= _INT64[1]:
+            raise RequestError("max_completion_tokens must fit in 64 bits", location="max_completion_tokens")
         out["max_tokens"] = mct
     mt = out.get("max_tokens")
     if mt is not None and mt < 1:

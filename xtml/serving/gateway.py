@@ -295,9 +295,13 @@ class Gateway:
         if include_usage is not None and type(include_usage) is not bool:
             raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
         params = sampling(body)
+        size = self.vocab.size
         for j, i in enumerate(params.get("stop_token_ids", ())):
-            if i >= self.vocab.size:
+            if i >= size:
                 raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
+        for k in params.get("logit_bias", ()):
+            if len(k) > 19 or int(k) >= size:  # digits alone, checked by sampling()
+                raise RequestError(f"{k} is not a token id of this tokenizer", location=f"logit_bias[{k!r}]")
         for k in BACKENDS[self.kind].lacks:
             if params.get(k):
                 raise RequestError(f"{k} cannot be served: the {self.kind} backend has no such field",

@@ -30,12 +30,15 @@ __all__ = ["Vocabulary", "byte_vocabulary"]
 SHORT_TEXT = 32
 _SHORT_LIMIT = 16384
 # A batch of two texts or more goes to the library's thread pool, and the
-# handoff (waking a worker, waiting on it) costs 30-60 us; below about 1,000
-# characters in all, encoding the texts one call each on this thread is
-# faster (2 cores, 100 characters in 2 to 8 texts: 48-65 against 75-124 us;
-# 500: 140-218 against 186-206; 1,000 even; 4,000: the pool 1.3x faster).
-# The serving path's requests mostly end here: a new user turn or two.
+# handoff (waking a worker, waiting on it) costs 30-60 us; for a few texts
+# under about 1,000 characters in all, encoding them one call each on this
+# thread is faster (2 cores; 2 to 4 texts of 100 characters: 48-52 against
+# 75-84 us, 500: 140-173 against 186-206; 4,000: the pool 1.3x faster). Past
+# a handful of texts the pool's parallel work wins even on short ones (16
+# texts of 480 characters: 454 against 275-334 us). A serving path's new
+# turn mostly ends here: a user turn, a tool result or two.
 _SERIAL_CHARS = 512
+_SERIAL_TEXTS = 4
 
 # Ids decoded through the library before the byte table is built (see
 # Vocabulary._table_for).
@@ -144,7 +147,7 @@ class Vocabulary:
         # the whole process (see xtml.markup.collector).
         with collector_paused():
             try:
-                if len(uniq) > 1 and sum(map(len, uniq)) <= _SERIAL_CHARS:
+                if 1 < len(uniq) <= _SERIAL_TEXTS and sum(map(len, uniq)) <= _SERIAL_CHARS:
                     one = self._tok.encode_batch_fast  # one text: the library runs it on this thread
                     encoded = [one([t], add_special_tokens=False)[0] for t in uniq]
                 else:
