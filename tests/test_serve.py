@@ -401,12 +401,16 @@ def test_a_stop_sequence_inside_a_call(rig: Rig, stream: bool) -> None:
     assert [name for name, _ in got["calls"]] == ["search"]
 
 
-def test_a_stop_id_of_the_request_ends_streams_and_whole_answers_alike(rig: Rig) -> None:
+@pytest.mark.parametrize("delay", [0.0, 0.005])
+def test_a_stop_id_of_the_request_ends_streams_and_whole_answers_alike(rig: Rig, delay: float) -> None:
     """llama.cpp takes no stop ids and generates on past one; the gateway
-    cuts there, streamed or not (other engines stop there themselves)."""
+    cuts there, streamed or not (other engines stop there themselves).
+    With a delay between events, the stop id comes in a read of its own and
+    the ids after it in later ones."""
     text = ANSWERS["text"]
     at = len(text) // 2
     rig.engine.answer = text
+    rig.engine.delay = delay
     extra = {"stop_token_ids": [text[at]]}
     whole = got_whole(rig.client.chat.completions.create(model="kimi-k3", extra_body=extra, **REQUEST))
     streamed = got_stream(list(rig.client.chat.completions.create(model="kimi-k3", stream=True, extra_body=extra,

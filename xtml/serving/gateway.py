@@ -412,6 +412,7 @@ class Gateway:
                     # the message's end.
                     chunks.note(_lost(job.gen.lost - lost, job.gen.lost_at if not lost else n))
                     lost = job.gen.lost
+                stopped = False
                 if ids:
                     if chunks.finish_reason is not None:
                         # The model goes on after the end of its message (an
@@ -419,10 +420,11 @@ class Gateway:
                         # is not read, and closing the stream stops it.
                         break
                     if not stop_ids.isdisjoint(ids):
-                        # Nor what follows a stop id in the same piece: the
-                        # answer and its usage end there, as a whole answer's
-                        # do.
+                        # Nor what follows a stop id, in this piece or a
+                        # later one: the answer and its usage end there, as
+                        # a whole answer's do.
                         ids = ids[:next(k for k, t in enumerate(ids) if t in stop_ids) + 1]
+                        stopped = True
                     n += len(ids)
                     out += encode(chunks.feed(parser.feed(ids[0]) if len(ids) == 1 else parser.feed_many(ids)))
                 if finish is not None:
@@ -431,6 +433,13 @@ class Gateway:
                     chunks.cut_by = "stop" if finish == "stop" else "length"
                     break
                 if chunks.finish_reason is not None:
+                    early = True
+                    break
+                if stopped:
+                    # A stop id of the request inside the message (llama.cpp
+                    # takes none and generates on): cut there. What the
+                    # engine sends next is read as after the end.
+                    chunks.cut_by = "stop"
                     early = True
                     break
                 if out:
