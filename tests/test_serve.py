@@ -485,6 +485,27 @@ def test_llamacpp_past_the_end_marker(caplog: pytest.LogCaptureFixture, stream: 
         r.close()
 
 
+def test_llamacpp_past_a_stop_id_of_the_request_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The server takes no stop ids, so it generates on past one: that is
+    no fault of the model's setup, unlike running on past the end marker
+    (the positive control, logged once)."""
+    r = Rig("llamacpp")
+    try:
+        r.engine.eog = ()
+        text = ANSWERS["text"]
+        r.engine.answer = [*text, 100, 200]
+        with caplog.at_level(logging.WARNING, logger="xtml.serve"):
+            resp = r.client.chat.completions.create(model="kimi-k3", extra_body={"stop_token_ids": [text[5]]},
+                                                    **REQUEST)
+            assert resp.choices[0].finish_reason == "stop" and resp.usage is not None
+            assert resp.usage.completion_tokens == text.index(text[5]) + 1
+            assert not [m for m in caplog.messages if "past the end marker" in m]
+            r.client.chat.completions.create(model="kimi-k3", **REQUEST)
+            assert len([m for m in caplog.messages if "past the end marker" in m]) == 1
+    finally:
+        r.close()
+
+
 def _llamacpp_read(events: list[dict[str, Any]], **params: Any) -> tuple[list[int], int]:
     b = K3.bind(vocab())
     gen = backends.Generation([1], params, b.stop_ids, vocab().size, None, b.text_table)

@@ -824,7 +824,9 @@ class LlamaCpp(Backend):
             # A model whose end-of-generation tokens miss the end marker
             # goes on past it: what follows is not the answer's.
             end = next(k for k, t in enumerate(ids) if t in stops) + 1
-            if end < len(ids) and not self._warned:
+            # Past a stop id of the request is what the server does (it
+            # takes none); past the end marker means the model's setup.
+            if end < len(ids) and ids[end - 1] in gen.stop_ids and not self._warned:
                 self._warned = True
                 log.warning("llama.cpp generated %d ids past the end marker: the model's end-of-generation "
                             "tokens (its GGUF's) do not include it, so each answer runs on to its token limit",
