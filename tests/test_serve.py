@@ -455,55 +455,55 @@ def test_held_text_is_cut_into_that_many_tokens() -> None:
     assert cut(b"a" * 129, 129, by, 4) is None  # longer than is ever held
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_llamacpp_past_the_end_marker(caplog: pytest.LogCaptureFixture, stream: bool) -> None:
-    """A GGUF whose end-of-generation tokens lack the end marker: the model
-    runs on, to its end-of-generation token or to the token limit; the
-    answer and its usage end at the marker with finish_reason stop, and the
-    log says, once, why answers cost their whole token limit."""
+@pytest.fixture
+def past_end() -> Iterator[Rig]:
+    """llama.cpp serving a GGUF whose end-of-generation tokens lack the end
+    marker: the model runs on past the "text" answer (a gateway of its own,
+    so that the warning it logs once is seen)."""
     r = Rig("llamacpp")
-    try:
-        r.engine.eog = ()
-        text = ANSWERS["text"]
-        r.engine.answer = [*text, 100, 200]
-        with caplog.at_level(logging.WARNING, logger="xtml.serve"):
-            for limit in (None, len(text) + 2, None):  # the model's own end; the token limit ("limit")
-                kw: dict[str, Any] = {"max_tokens": limit} if limit else {}
-                if stream:
-                    chunks = list(r.client.chat.completions.create(
-                        model="kimi-k3", stream=True, stream_options={"include_usage": True}, **kw, **REQUEST))
-                    got, usage = got_stream(chunks), chunks[-1].usage
-                else:
-                    resp = r.client.chat.completions.create(model="kimi-k3", **kw, **REQUEST)
-                    got, usage = got_whole(resp), resp.usage
-                assert r.engine.sent[-1] == [*text, 100, 200]
-                assert got == expected(text) and got["finish_reason"] == "stop"
-                assert usage is not None and usage.completion_tokens == len(text)
-        if not stream:
-            assert len([m for m in caplog.messages if "past the end marker" in m]) == 1
-    finally:
-        r.close()
+    r.engine.eog = ()
+    r.engine.answer = [*ANSWERS["text"], 100, 200]
+    yield r
+    r.close()
 
 
-def test_llamacpp_past_a_stop_id_of_the_request_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_llamacpp_past_the_end_marker(past_end: Rig, caplog: pytest.LogCaptureFixture, stream: bool) -> None:
+    """The model runs on, to its end-of-generation token or to the token
+    limit; the answer and its usage end at the marker with finish_reason
+    stop, and the log says, once, why answers cost their whole token limit."""
+    text = ANSWERS["text"]
+    with caplog.at_level(logging.WARNING, logger="xtml.serve"):
+        for limit in (None, len(text) + 2, None):  # the model's own end; the token limit ("limit")
+            kw: dict[str, Any] = {"max_tokens": limit} if limit else {}
+            if stream:
+                chunks = list(past_end.client.chat.completions.create(
+                    model="kimi-k3", stream=True, stream_options={"include_usage": True}, **kw, **REQUEST))
+                got, usage = got_stream(chunks), chunks[-1].usage
+            else:
+                resp = past_end.client.chat.completions.create(model="kimi-k3", **kw, **REQUEST)
+                got, usage = got_whole(resp), resp.usage
+            assert past_end.engine.sent[-1] == [*text, 100, 200]
+            assert got == expected(text) and got["finish_reason"] == "stop"
+            assert usage is not None and usage.completion_tokens == len(text)
+    if not stream:
+        assert len([m for m in caplog.messages if "past the end marker" in m]) == 1
+
+
+def test_llamacpp_past_a_stop_id_of_the_request_is_not_logged(past_end: Rig,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     """The server takes no stop ids, so it generates on past one: that is
     no fault of the model's setup, unlike running on past the end marker
     (the positive control, logged once)."""
-    r = Rig("llamacpp")
-    try:
-        r.engine.eog = ()
-        text = ANSWERS["text"]
-        r.engine.answer = [*text, 100, 200]
-        with caplog.at_level(logging.WARNING, logger="xtml.serve"):
-            resp = r.client.chat.completions.create(model="kimi-k3", extra_body={"stop_token_ids": [text[5]]},
-                                                    **REQUEST)
-            assert resp.choices[0].finish_reason == "stop" and resp.usage is not None
-            assert resp.usage.completion_tokens == text.index(text[5]) + 1
-            assert not [m for m in caplog.messages if "past the end marker" in m]
-            r.client.chat.completions.create(model="kimi-k3", **REQUEST)
-            assert len([m for m in caplog.messages if "past the end marker" in m]) == 1
-    finally:
-        r.close()
+    text = ANSWERS["text"]
+    with caplog.at_level(logging.WARNING, logger="xtml.serve"):
+        resp = past_end.client.chat.completions.create(model="kimi-k3", extra_body={"stop_token_ids": [text[5]]},
+                                                       **REQUEST)
+        assert resp.choices[0].finish_reason == "stop" and resp.usage is not None
+        assert resp.usage.completion_tokens == text.index(text[5]) + 1
+        assert not [m for m in caplog.messages if "past the end marker" in m]
+        past_end.client.chat.completions.create(model="kimi-k3", **REQUEST)
+        assert len([m for m in caplog.messages if "past the end marker" in m]) == 1
 
 
 def _llamacpp_read(events: list[dict[str, Any]], **params: Any) -> tuple[list[int], int]:
