@@ -110,7 +110,8 @@ def in_process_request_us(k3: xtml.Template, vocab: xtml.Vocabulary, answer: lis
     each after 1 ms of sleep, as a server answering one request at a time
     does; the tokenizer's call alone in the same two conditions shows what
     idle costs on this machine (its caches are others' meanwhile)."""
-    from xtml.serving.gateway import Gateway, _dumps
+    from xtml.serving.backends import dumps
+    from xtml.serving.gateway import Gateway
     from xtml.serving.openai import chat_completion
 
     gw = Gateway(k3, vocab, "http://127.0.0.1:9")
@@ -120,7 +121,7 @@ def in_process_request_us(k3: xtml.Template, vocab: xtml.Vocabulary, answer: lis
         job = gw.job(json.loads(body))
         parsed = k3.parse(answer, vocab, completion=True, lenient=True, thinking=job.thinking,
                           max_chars=len(answer))
-        _dumps(chat_completion(parsed, model="m", prompt_tokens=len(job.gen.prompt), completion_tokens=len(answer)))
+        dumps(chat_completion(parsed, model="m", prompt_tokens=len(job.gen.prompt), completion_tokens=len(answer)))
 
     text = [REQUEST["messages"][-1]["content"]]
     tok = vocab.tokenizer

@@ -112,9 +112,10 @@ _INTS = ("top_k", "seed", "max_tokens", "min_tokens")
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
     """The sampling fields of a chat-completions body, checked: numbers are
-    numbers, counts are integers, ``stop`` is a string or a list of them,
+    numbers, counts are integers, token ids (``stop_token_ids``, the keys of
+    ``logit_bias``) are below ``vocab_size``, ``stop`` is a string or a list of them,
     ``max_completion_tokens`` (which wins) and ``max_tokens`` are one
     ``max_tokens``. Fields left out or null are not in the result. One
     choice only (``n`` 1), and no log probabilities: the gateway cannot
@@ -166,8 +167,11 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
             out["stop"] = stop
     ids = body.get("stop_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(type(i) is int and 0 <= i <= _INT64[1] for i in ids):
+        if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
             raise RequestError("stop_token_ids must be a list of token ids", location="stop_token_ids")
+        for j, i in enumerate(ids):
+            if i >= vocab_size:
+                raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
         out["stop_token_ids"] = ids
     ignore = body.get("ignore_eos")
     if ignore is not None:
@@ -181,6 +185,8 @@ def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         for k, b in bias.items():
             if not (isinstance(k, str) and k.isascii() and k.isdigit()):
                 raise RequestError(f"logit_bias keys are token ids, not {k!r}", location="logit_bias")
+            if len(k) > len(str(vocab_size)) or int(k) >= vocab_size:  # the length first: int() of 5,000 digits fails
+                raise RequestError(f"{k} is not a token id of this tokenizer", location=f"logit_bias[{k!r}]")
             if type(b) not in (int, float) or not math.isfinite(b):
                 raise RequestError(f"logit_bias[{k!r}] must be a finite number", location="logit_bias")
         if bias:
@@ -324,7 +330,7 @@ class Backend:
         if not self.ready:
             await self._ready()
         try:
-            status, content = await self.client.request("POST", self.path, _dumps(self.body(gen, False)),
+            status, content = await self.client.request("POST", self.path, dumps(self.body(gen, False)),
                                                         limit=_MAX_BODY)
         except TransportError as e:
             raise _transport(e, self.url) from None
@@ -350,7 +356,7 @@ class Backend:
         if not self.ready:
             await self._ready()
         try:
-            resp = await self.client.send("POST", self.path, _dumps(self.body(gen, True)))
+            resp = await self.client.send("POST", self.path, dumps(self.body(gen, True)))
         except TransportError as e:
             raise _transport(e, self.url) from None
         ended = False
@@ -420,8 +426,9 @@ class Backend:
                                status=503, code="backend_not_ready")
 
 
-def _dumps(body: dict[str, Any]) -> bytes:
-    # The body holds the whole prompt as ids: the standard library writes
+def dumps(body: Any) -> bytes:
+    """Compact JSON as UTF-8: an engine's body, a gateway's answer."""
+    # An engine's body holds the whole prompt as ids: the standard library writes
     # 200 ids in 18 us, orjson in 1 (and 100,000 in about 9 ms against 0.5).
     try:
         return orjson.dumps(body)

@@ -43,7 +43,6 @@ from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -55,7 +54,7 @@ from ..chat import fields
 from ..chat.render import render
 from ..chat.request import prepare
 from ..errors import OptionError, RequestError, XtmlError
-from .backends import BACKENDS, Backend, BackendError, Generation, Piece, sampling
+from .backends import BACKENDS, Backend, BackendError, Generation, Piece, dumps, sampling
 from .grammar import completion_grammar
 from .openai import SSE_DONE, ChunkStream, StopSequences, chat_completion, shape_message, sse
 
@@ -108,15 +107,8 @@ def _backend_error(e: BackendError) -> tuple[int, bytes]:
     return e.status, _error_body(e.status, str(e), type=kind, code=e.code)
 
 
-def _dumps(data: Any) -> bytes:
-    try:
-        return orjson.dumps(data)
-    except orjson.JSONEncodeError:  # an integer past 64 bits, which the standard library writes
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def _json(data: Any) -> Response:
-    return Response(_dumps(data), media_type="application/json")
+    return Response(dumps(data), media_type="application/json")
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:
@@ -294,14 +286,7 @@ class Gateway:
         include_usage = so.get("include_usage") if so else None
         if include_usage is not None and type(include_usage) is not bool:
             raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
-        params = sampling(body)
-        size = self.vocab.size
-        for j, i in enumerate(params.get("stop_token_ids", ())):
-            if i >= size:
-                raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
-        for k in params.get("logit_bias", ()):
-            if len(k) > 19 or int(k) >= size:  # digits alone, checked by sampling()
-                raise RequestError(f"{k} is not a token id of this tokenizer", location=f"logit_bias[{k!r}]")
+        params = sampling(body, self.vocab.size)
         for k in BACKENDS[self.kind].lacks:
             if params.get(k):
                 raise RequestError(f"{k} cannot be served: the {self.kind} backend has no such field",
@@ -352,7 +337,7 @@ class Gateway:
             shaped = StopSequences(stop).message(shaped, len(ids))
         completion = chat_completion(shaped, model=self.model, prompt_tokens=len(job.gen.prompt),
                                      completion_tokens=len(ids))
-        await _respond(send, 200, _dumps(completion))
+        await _respond(send, 200, dumps(completion))
 
     async def _stream(self, job: _Job, receive: Receive, send: Send) -> None:
         pieces = self.backend.stream(job.gen)
