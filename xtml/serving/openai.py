@@ -369,6 +369,13 @@ class StopSequences:
         reason = "stop" if shaped.finish_reason == "tool_calls" else shaped.finish_reason
         return Shaped(m, reason, [*shaped.diagnostics, self.diagnostic(offset)])
 
+    def _flush(self, like: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
+        """What every field holds back goes out, in chunks like ``like``:
+        it can no longer start a stop sequence."""
+        for field, held in self._pending.items():
+            out.append(_text_chunk(like, field, held))
+        self._pending.clear()
+
     def chunks(self, chunks: list[dict[str, Any]], offset: int = 0) -> list[dict[str, Any]]:
         """A stream's chunks (as :class:`ChunkStream` gives them), with the
         text that could start a stop sequence held back and the text from
@@ -395,14 +402,9 @@ class StopSequences:
                 if self.found is not None:
                     del delta["tool_calls"]  # a call after the stop sequence is no part of the answer
                 else:
-                    # A call ends the text before it.
-                    for field, held in self._pending.items():
-                        out.append(_text_chunk(c, field, held))
-                    self._pending.clear()
+                    self._flush(c, out)  # a call ends the text before it
             if choice["finish_reason"] is not None:
-                for field, held in self._pending.items():
-                    out.append(_text_chunk(c, field, held))
-                self._pending.clear()
+                self._flush(c, out)
                 if self.found is not None:
                     if choice["finish_reason"] == "tool_calls":
                         choice["finish_reason"] = "stop"
