@@ -19,9 +19,11 @@ LAYERS: dict[str, int] = {
     "dialects": 0,  # data files only
     "chat": 3,
     "vocab": 3,
-    "serving": 4,
-    "training": 4,
+    "codec": 4,
     "template": 5,
+    "exports": 6,
+    "serving": 6,
+    "training": 6,
     "testing": 6,
     "cli": 7,
     "__init__": 8,

@@ -25,7 +25,7 @@ from tests.conftest import deepseek_path
 from tests.docs import run_examples, shown_on_page
 from xtml import testing as xt
 from xtml.chat.fields import request_options
-from xtml.serving.conversation import CONVERSATION_OPTIONS, ONE_SHOT_OPTIONS, Conversation
+from xtml.codec.conversation import CONVERSATION_OPTIONS, ONE_SHOT_OPTIONS, Conversation
 from xtml.testing import strategies as xts
 
 K3 = xtml.load("kimi-k3")

@@ -172,7 +172,7 @@ def test_start_up_imports_no_grammar_or_optional_machinery() -> None:
                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=120)
     assert out.stdout.strip() == "[]"
     # The grammar still loads when asked for.
-    from xtml.markup.grammar import document_parser, parse_lexemes
+    from xtml.markup.reference import document_parser, parse_lexemes
 
     assert document_parser() is not None
     text = K3.render({"messages": [{"role": "user", "content": "hi"}]}, thinking=False).text

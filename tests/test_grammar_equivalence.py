@@ -1,5 +1,5 @@
 """The fast driver (:func:`xtml.markup.parse.build`) against the Lark reference
-grammar (:func:`xtml.markup.grammar.parse_lexemes`), and the header regex
+grammar (:func:`xtml.markup.reference.parse_lexemes`), and the header regex
 against the grammar's ``header`` rule, on random input.
 
 Both must accept with equal documents or both raise ParseError.
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from tests.strategies import K3, MARKERS, PLACEHOLDER, documents, id_lists, vocab
 from xtml.errors import ParseError
 from xtml.markup import to_text
-from xtml.markup.grammar import parse_header_lark, parse_lexemes
 from xtml.markup.header import parse_header
 from xtml.markup.nodes import Document, Element, Node, Text
 from xtml.markup.parse import MAX_DEPTH, Lexemes, build, lex_text
+from xtml.markup.reference import parse_header_lark, parse_lexemes
 
 M = K3.markers
 SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""The exported completion grammar (xtml.serving.grammar), run by llguidance
+"""The exported completion grammar (xtml.codec.completion), run by llguidance
 on a real 129k-id vocabulary.
 
 Every completion xtml renders for a generated request whose calls fit their
@@ -34,7 +34,6 @@ from xtml import testing as xt
 from xtml.cli import main
 from xtml.markup.header import escape
 from xtml.markup.segments import Segment
-from xtml.serving.grammar import completion_grammar
 
 K3 = xtml.load("kimi-k3")
 BASE = xtml.load("xtml-base")
@@ -307,7 +306,7 @@ class Case:
     json_answer: bool
 
     def grammar(self, **over: Any) -> str:
-        return completion_grammar(self.tpl, {**self.history, **over}, vocab())
+        return self.tpl.completion_grammar({**self.history, **over}, vocab())
 
 
 @st.composite
@@ -710,7 +709,7 @@ def test_plugin_fragments_are_checked(tmp_path: Path) -> None:
 
     broken = dataclasses.replace(d, content=(*d.content, Bad()))
     with pytest.raises(xtml.TemplateError, match=r"plugin 'bad'.*unexpected 'TEXT'"):
-        completion_grammar(broken, {"messages": [{"role": "user", "content": "x"}]})
+        xtml.Template(broken).completion_grammar({"messages": [{"role": "user", "content": "x"}]})
 
 
 # -- options and errors ----------------------------------------------------------------
@@ -809,7 +808,7 @@ def ebnf_to_lark(ebnf: str) -> str:
 @given(st.sampled_from([K3, BASE]).flatmap(cases), st.data())
 def test_xgrammar_export_accepts_and_refuses(case: Case, data: st.DataObject) -> None:
     ps = pieces(case.tpl, case.history, case.message)
-    ebnf = completion_grammar(case.tpl, case.history, vocab(), format="xgrammar", max_calls=4)
+    ebnf = case.tpl.completion_grammar(case.history, vocab(), format="xgrammar", max_calls=4)
     grammar = ebnf_to_lark(ebnf)
     accepts(grammar, ids_of(ps))
     n, m = _names(case.tpl), case.tpl.markers

@@ -38,7 +38,7 @@ from xtml.chat.dialect import (
 )
 from xtml.chat.regex_check import RegexRisk, check_pattern
 from xtml.chat.request import MAX_CHARS, _walk_size, request_size
-from xtml.markup import grammar
+from xtml.markup import reference as grammar
 from xtml.markup.parse import QUOTE_LIMIT, build, excerpt, lex_text
 from xtml.template import Template
 from xtml.testing.validate import validate
@@ -197,7 +197,7 @@ def test_long_headers_take_memory_linear_in_them() -> None:
     out = run_guarded("""
         import re
         from pathlib import Path
-        from xtml.markup.grammar import _header_stop
+        from xtml.markup.reference import _header_stop
         from xtml.markup.header import parse_header
 
         def high_water() -> int:

@@ -6,8 +6,8 @@ import pytest
 
 import xtml
 from xtml.markup import Document, Element, Embed, EndOfMessage, Markers, Text, build, lex_text, to_segments
-from xtml.markup.grammar import document_parser, header_parser, parse_header_lark, parse_lexemes
 from xtml.markup.header import escape, parse_header, unescape
+from xtml.markup.reference import document_parser, header_parser, parse_header_lark, parse_lexemes
 
 M = Markers("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", ("<|media_begin|>",),
             ("<|media_content|>", "<|media_pad|>"), ("<|media_end|>",), ("<|ph|>",))
@@ -79,7 +79,7 @@ def test_driver_and_grammar_agree_on_a_document() -> None:
 )
 def test_strict_errors_have_offsets(text: str, message: str) -> None:
     with pytest.raises(xtml.ParseError, match=message) as e:
-        build(lex_text(text, M), line_of=lambda off: (1, off + 1))
+        build(lex_text(text, M), source=text)
     assert e.value.line == 1 and e.value.column is not None
     with pytest.raises(xtml.ParseError):
         parse_lexemes(lex_text(text, M), source=text)

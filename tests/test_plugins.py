@@ -333,7 +333,7 @@ def test_plugin_written_from_the_docs_behaves_like_the_package() -> None:
     import re
 
     from xtml.markup.segments import to_text
-    from xtml.markup.sink import TreeBuilder
+    from xtml.markup.sink import TreeSink
 
     doc = (Path(__file__).parent.parent / "docs" / "plugins.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(.*?)```", doc, re.S)
@@ -347,12 +347,12 @@ def test_plugin_written_from_the_docs_behaves_like_the_package() -> None:
                  {"type": "citation", "source": 'a"&b', "text": ""}):
         trees = []
         for ext in (from_docs, installed):
-            tb = TreeBuilder()
+            tb = TreeSink()
             ext.render(ext.prepare(part), tb, Context())
             trees.append(tb.finish())
             assert ext.read_element(trees[-1][0], Context()) == part
         assert trees[0] == trees[1]
-    tb = TreeBuilder()
+    tb = TreeSink()
     from_docs.render(from_docs.prepare({"source": "https://x.org", "text": "to be"}), tb, Context())
     shown = to_text(tb.finish(), k3.markers)
     assert f"`{shown}`" in doc

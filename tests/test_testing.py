@@ -25,8 +25,8 @@ from xtml import testing as xt
 from xtml.chat.dialect import from_dict
 from xtml.cli import fuzz
 from xtml.markup import build, lex_text
-from xtml.markup.grammar import parse_lexemes
 from xtml.markup.markers import OPEN
+from xtml.markup.reference import parse_lexemes
 
 K3 = xtml.load("kimi-k3")
 FEW = settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -15,6 +15,7 @@ import xtml
 from tests.conftest import deepseek_path, k3_vocab
 from tests.strategies import documents
 from xtml.chat.dialect import Training
+from xtml.chat.prompt import generation_prompt
 from xtml.markup.nodes import Element
 from xtml.markup.segments import to_text
 from xtml.testing import requests
@@ -257,7 +258,7 @@ def test_generation_prompt_is_never_trained() -> None:
     req = {**CHAT, "add_generation_prompt": True}
     ex = K3.encode_training(req, vocab)
     assert ex.ids == K3.encode(req, vocab)
-    prompt = K3.bind(vocab).encode(K3._prompt_nodes(True))
+    prompt = K3.bind(vocab).encode([generation_prompt(K3.dialect, True)])
     assert ex.ids[-len(prompt):] == prompt and not any(ex.mask[-len(prompt):])
     assert ex.mask[: len(ex.ids) - len(prompt)] == K3.encode_training(CHAT, vocab).mask
     assert max(s.end for s in ex.spans) == len(ex.ids) - len(prompt)

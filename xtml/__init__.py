@@ -7,6 +7,8 @@
 True
 """
 
+from .codec.conversation import Conversation
+from .codec.stream import StreamEvent, StreamParser
 from .errors import (
     MarkupError,
     MessageError,
@@ -18,8 +20,6 @@ from .errors import (
     XtmlError,
 )
 from .markup.segments import Segment
-from .serving.conversation import Conversation
-from .serving.stream import StreamEvent, StreamParser
 from .template import Ambiguity, Rendered, Template, load
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Ambiguity",
     "Conversation",
+    "Encoded",
     "MarkupError",
     "MessageError",
     "OptionError",

@@ -74,7 +74,8 @@ class ParseError(XtmlError):
 
     For ids, ``offset`` is the index of the offending token; for text,
     ``line`` and ``column`` (1-based) locate it and ``offset`` is the character
-    index.
+    index. Given the text as ``source``, the error finds its line and column
+    itself.
     """
 
     def __init__(
@@ -85,7 +86,10 @@ class ParseError(XtmlError):
         line: int | None = None,
         column: int | None = None,
         path: str = "",
+        source: str | None = None,
     ) -> None:
+        if source is not None:
+            line, column = line_column(source, offset)
         self.offset = offset
         self.line = line
         self.column = column
@@ -97,6 +101,24 @@ class ParseError(XtmlError):
         if path:
             where += f", in {path}"
         super().__init__(msg, location=where)
+
+    def moved(self, shift: int, source: str | None = None) -> ParseError:
+        """The same error counted from ``shift`` on: a parser that read a
+        prefix (the generation prompt) before the caller's input reports where
+        the caller's input went wrong; ``source``, the whole text read, gives
+        the line and column within the caller's part."""
+        off = max(0, self.offset - shift)
+        if source is not None:
+            return ParseError(self.msg, offset=off, source=source[shift:], path=self.path)
+        if not shift:
+            return self
+        return ParseError(self.msg, offset=off, path=self.path)
+
+
+def line_column(source: str, offset: int) -> tuple[int, int]:
+    """The 1-based line and column of character ``offset`` in ``source``."""
+    line = source.count("\n", 0, offset) + 1
+    return line, offset - (source.rfind("\n", 0, offset) + 1) + 1
 
 
 class TokenizerError(XtmlError):

@@ -7,7 +7,6 @@ Data flow: request → (chat layer) markup tree → (markup layer) segments →
 
 from __future__ import annotations
 
-import operator
 import os
 import re
 import weakref
@@ -17,26 +16,25 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .chat.dialect import Dialect, load_dialect
-from .chat.parse import parse_completion, parse_conversation
+from .chat.prompt import generation_prompt
 from .chat.render import normal_form, render, render_tree
 from .chat.request import MAX_CHARS, Msg, Options, prepare, split_request
-from .errors import OptionError, ParseError, RequestError, shown
+from .codec.completion import completion_grammar
+from .codec.conversation import Conversation
+from .codec.parse import parse
+from .codec.stream import StreamParser
+from .codec.training import TrainingExample, encode_example
+from .errors import OptionError, RequestError
 from .markup.collector import collector_paused
-from .markup.grammar import parse_lexemes
-from .markup.markers import CLOSE, END, SEP, TEXT, Markers
-from .markup.nodes import Diagnostic, Document, Element
-from .markup.parse import Lexemes, build, check_size, lex_text, line_col
+from .markup.markers import Markers
+from .markup.nodes import Document
+from .markup.parse import check_size
 from .markup.segments import Segment, to_segments
-from .markup.sink import TreeBuilder
-from .serving.conversation import Conversation
-from .serving.grammar import completion_grammar
-from .serving.stream import StreamParser
-from .training.masks import TrainingExample, encode_example
 from .vocab.binding import Binding
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
 
-__all__ = ["Ambiguity", "Rendered", "Template", "load"]
+__all__ = ["Ambiguity", "Encoded", "Rendered", "Template", "load"]
 
 
 class Ambiguity(NamedTuple):
@@ -107,6 +105,16 @@ class Rendered(_TextAndSegments):
         return tuple(found)
 
 
+class Encoded(NamedTuple):
+    """What :meth:`Template.encode_request` returns: the ids, and the options
+    the request resolved to (defaults, aliases and precedence applied), for
+    callers that act on them (a gateway refusing ``continue_final_message``,
+    a stream started in the mode of the prompt)."""
+
+    ids: list[int]
+    options: Options
+
+
 TokenizerLike = Vocabulary | str | os.PathLike[str] | Any
 
 
@@ -173,6 +181,10 @@ class Template:
     def encode(self, request: Any, tokenizer: TokenizerLike, **options: Any) -> list[int]:
         """Token ids of a request for ``tokenizer`` (a :class:`Vocabulary`, a
         ``tokenizers.Tokenizer`` or a path)."""
+        return self.encode_request(request, tokenizer, **options).ids
+
+    def encode_request(self, request: Any, tokenizer: TokenizerLike, **options: Any) -> Encoded:
+        """:meth:`encode`, with the options the request resolved to."""
         sink = self.bind(tokenizer).sink()
         # Checking and rendering make objects per message and per part, none
         # of them garbage: a collection meanwhile only walks the process's
@@ -180,7 +192,7 @@ class Template:
         with collector_paused():
             o, msgs = self._prepare(request, options)
             render(self.dialect, o, msgs, sink)
-            return sink.finish()
+            return Encoded(sink.finish(), o)
 
     def encode_training(self, request: Any, tokenizer: TokenizerLike, *, train: Any = None,
                         **options: Any) -> TrainingExample:
@@ -241,23 +253,8 @@ class Template:
 
     def generation_prompt(self, *, thinking: bool | None = None) -> list[Segment]:
         """The segments that open the assistant's turn."""
-        return to_segments(self._prompt_nodes(thinking), self.markers)
-
-    def _prompt_nodes(self, thinking: bool | None) -> list[Element]:
-        n = self.dialect.names
         on = self.dialect.thinking_default if thinking is None else thinking
-        tag = self.dialect.prompt_tag(on)
-        channel = (Element(tag, (), (), closed=False),) if tag else ()
-        return [Element(n["message"], ((n["role"], "assistant"),), channel, closed=False)]
-
-    def _prefill_nodes(self, message: Any, thinking: bool) -> list[Element]:
-        """The final message of a continue_final_message render, open."""
-        o, msgs = self._prepare({"messages": [message], "thinking": thinking, "continue_final_message": True}, {})
-        tb = TreeBuilder()
-        render(self.dialect, o, msgs, tb)
-        last = tb.finish()[-1]
-        assert isinstance(last, Element)
-        return [last]
+        return to_segments([generation_prompt(self.dialect, on)], self.markers)
 
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,
                lenient: bool = True) -> StreamParser:
@@ -267,19 +264,12 @@ class Template:
 
     def conversation(self, tokenizer: TokenizerLike, messages: Sequence[Any] = (), *,
                      max_chars: int | None = None, unknown_keys: str = "error", **options: Any) -> Conversation:
-        """A :class:`~xtml.serving.conversation.Conversation` of this
+        """A :class:`~xtml.codec.conversation.Conversation` of this
         template: messages and conversation options (``tools``, ``thinking``,
         ``thinking_effort`` ...) whose ids are kept, so that each turn renders
         only what is new. Its :meth:`~Conversation.prompt_ids` are always
         :meth:`encode` of the whole request."""
-        binding = self.bind(tokenizer)
-        vocab = binding.vocab
-
-        def read(ids: Sequence[int], *, thinking: bool, prefill: Any, lenient: bool) -> dict[str, Any]:
-            return self.parse(ids, vocab, completion=True, thinking=thinking, prefill=prefill, lenient=lenient,
-                              max_chars=max_chars)
-
-        return Conversation(self.dialect, binding, read, messages,
+        return Conversation(self.dialect, self.bind(tokenizer), messages,
                             max_chars=self.max_chars if max_chars is None else max_chars,
                             unknown_keys=unknown_keys, **options)
 
@@ -312,8 +302,9 @@ class Template:
         ``llguidance.LLMatcher`` loads as it is, or xgrammar EBNF
         (``format="xgrammar"``, which needs the tokenizer). ``options`` are
         the request's options and those of
-        :func:`xtml.serving.grammar.completion_grammar`."""
-        return completion_grammar(self, request, tokenizer, format=format, **options)
+        :func:`xtml.codec.completion.completion_grammar`."""
+        binding = self.bind(tokenizer) if tokenizer is not None else None
+        return completion_grammar(self.dialect, binding, request, format=format, **options)
 
     # -- parse -------------------------------------------------------------------
 
@@ -340,139 +331,11 @@ class Template:
         ``lenient=True`` never raises on content and adds ``"diagnostics"``.
         ``max_chars`` caps the input's length (default: :attr:`max_chars`).
         """
-        check_size(data, self.max_chars if max_chars is None else max_chars)
-        kept: list[int] | None = None
-        if lenient and tokenizer is not None and not isinstance(data, str | bytes | bytearray) \
-                and isinstance(data, Sequence):
-            data, kept, skipped = _skip_bad_ids(data, self.bind(tokenizer).vocab.size)
-        try:
-            result, diags = self._parse(data, tokenizer, completion, lenient, thinking, prefill)
-        except RecursionError:
-            raise ParseError("input nested too deeply", offset=0) from None
-        if lenient:
-            if kept is not None:
-                # Offsets count in the caller's ids, the skipped ones too.
-                n = len(kept) + len(skipped)
-                diags = sorted([*skipped, *(Diagnostic(x.kind, kept[x.offset] if x.offset < len(kept) else n,
-                                                       x.message) for x in diags)], key=lambda x: x.offset)
-            result["diagnostics"] = [x.as_dict() for x in diags]
-        return result
-
-    def _parse(
-        self,
-        data: Sequence[int] | str,
-        tokenizer: TokenizerLike | None,
-        completion: bool,
-        lenient: bool,
-        thinking: bool | None,
-        prefill: Any = None,
-    ) -> tuple[dict[str, Any], list[Diagnostic]]:
-        on = self.dialect.thinking_default if thinking is None else thinking
-        if prefill is not None and not completion:
-            raise TypeError("prefill= is the start of a completion: pass completion=True")
-        prompt = self._prompt_nodes(on) if prefill is None else self._prefill_nodes(prefill, on)
-        is_text = isinstance(data, str)
-        if not is_text:
-            if tokenizer is None:
-                raise TypeError("parsing token ids needs their tokenizer (or pass text)")
-            if not isinstance(data, Sequence) or isinstance(data, bytes | bytearray):
-                raise TypeError("expected a sequence of token ids or a string")
-        shift = 0
-        if is_text:
-            text = str(data)
-            if completion:
-                prefix = "".join(s.text for s in to_segments(prompt, self.markers))
-                shift = len(prefix)
-                text = prefix + text
-            lx = lex_text(text, self.markers)
-            where = line_col(text)
-
-            def line_of(off: int) -> tuple[int, int]:
-                return where(off) if not shift else line_col(text[shift:])(max(0, off - shift))
-        else:
-            binding = self.bind(tokenizer)
-            ids: list[int] = list(data)  # type: ignore[arg-type]
-            if not completion:
-                doc = binding.document(ids, lenient=lenient)
-                return parse_conversation(self.dialect, doc, lenient=lenient)
-            prefix_ids = binding.encode(prompt)
-            shift = len(prefix_ids)
-            ids = prefix_ids + ids
-            # A whole completion (the usual case) takes the one-pass tree
-            # builder; the end marker an engine strips is put back first.
-            end = binding.end_after_close(ids, self.dialect.names["message"])
-            whole = binding.well_formed(ids if end is None else [*ids, end])
-            if whole is not None:
-                try:
-                    return parse_completion(self.dialect, whole, thinking=on, lenient=lenient, shift=shift)
-                except ParseError as e:
-                    raise _relocate(e, shift, None) from None
-            try:
-                lx = binding.lex(ids)
-            except ParseError as e:
-                raise _relocate(e, shift, None) from None
-            line_of = None  # type: ignore[assignment]
-        if completion:
-            _end_if_closed(lx, self.dialect.names["message"])
-        try:
-            if is_text and not lenient and not completion:
-                doc = parse_lexemes(lx, source=text)
-            else:
-                doc = build(lx, lenient=lenient, line_of=line_of)
-            if completion:
-                return parse_completion(self.dialect, doc, thinking=on, lenient=lenient, shift=shift)
-            return parse_conversation(self.dialect, doc, lenient=lenient)
-        except ParseError as e:
-            raise _relocate(e, shift, line_of) from None
-
-
-def _skip_bad_ids(ids: Sequence[Any], size: int) -> tuple[Sequence[int], list[int] | None, list[Diagnostic]]:
-    """What a lenient parse reads of ``ids``: the ids of the vocabulary (as
-    ints), where each stood (None: all of them, in place), and a ``bad-id``
-    diagnostic for each of the rest, which are skipped as the stream skips
-    them."""
-    try:
-        # In C: the common case costs no loop in Python.
-        if not ids or (min(ids) >= 0 and max(ids) < size and set(map(type, ids)) == {int}):
-            return ids, None, []
-    except TypeError:
-        pass
-    out: list[int] = []
-    kept: list[int] = []
-    skipped: list[Diagnostic] = []
-    for k, t in enumerate(ids):
-        try:
-            i = operator.index(t)
-        except TypeError:
-            i = -1
-        if 0 <= i < size:
-            out.append(i)
-            kept.append(k)
-        else:
-            skipped.append(Diagnostic("bad-id", k, f"{shown(t)} is not a token id of this tokenizer"))
-    return out, kept, skipped
-
-
-def _end_if_closed(lx: Lexemes, message_tag: str) -> None:
-    """A completion may stop right before the stop token (engines strip it):
-    supply the end marker after a closed message."""
-    k = lx.kinds
-    if len(k) >= 3 and k[-3] == CLOSE and k[-2] == TEXT and k[-1] == SEP and lx.texts[-2] == message_tag:
-        k.append(END)
-        lx.texts.append("")
-        lx.offsets.append(lx.end)
-
-
-def _relocate(e: ParseError, shift: int, line_of: Any) -> ParseError:
-    """Offsets relative to the caller's input (not the generation prompt
-    prepended to a completion), with line and column for text."""
-    if not shift and (line_of is None or e.line is not None):
-        return e
-    off = max(0, e.offset - shift)
-    if line_of is not None:
-        line, col = line_of(e.offset)
-        return ParseError(e.msg, offset=off, line=line, column=col, path=e.path)
-    return ParseError(e.msg, offset=off, path=e.path)
+        limit = self.max_chars if max_chars is None else max_chars
+        check_size(data, limit)  # before the tokenizer is loaded
+        binding = self.bind(tokenizer) if tokenizer is not None and not isinstance(data, str) else None
+        return parse(self.dialect, binding, data, completion=completion, lenient=lenient, thinking=thinking,
+                     prefill=prefill, max_chars=limit)
 
 
 _cache: dict[Any, Template] = {}

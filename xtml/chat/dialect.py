@@ -525,7 +525,7 @@ def _content(c: _Check, plugins: dict[str, Any], names: dict[str, str], marker_s
         dict[str, ContentExtension], dict[str, ContentExtension], str]:
     """Who owns each part type and element; the combined grammar. Two
     plugins claiming one name, or fragments that conflict, fail here."""
-    from ..plugins.grammar import combine
+    from ..plugins.fragments import combine
 
     parts: dict[str, tuple[str, ContentExtension]] = {}
     elements: dict[str, tuple[str, ContentExtension]] = {}

@@ -15,6 +15,7 @@ from ..errors import ParseError, shown
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
 from ..plugins.api import Context, call_id, check_attributes, jsonfmt
 from .dialect import Dialect, SystemMessage
+from .prompt import is_generation_prompt
 
 
 class Reader:
@@ -267,7 +268,7 @@ class Reader:
                              path)
                 continue
             role = el.attr(n["role"])
-            if not el.closed and k == len(elements) - 1 and self._is_prompt(el, thinking):
+            if not el.closed and k == len(elements) - 1 and is_generation_prompt(self.d, el, thinking):
                 agp = True
                 continue
             if role == "system" and el.attr(n["type"]) is not None:
@@ -319,18 +320,6 @@ class Reader:
         self.finish(req)
         return req
 
-    def _is_prompt(self, el: Element, thinking: bool) -> bool:
-        n = self.n
-        if el.attrs != ((n["role"], "assistant"),):
-            return False
-        want = self.d.prompt_tag(thinking)
-        if not want:
-            return not el.children
-        if len(el.children) != 1:
-            return False
-        ch = el.children[0]
-        return isinstance(ch, Element) and ch.tag == want and not ch.closed and not ch.children and not ch.attrs
-
     def _option(self, el: Element, sm: SystemMessage, values: dict[str, str], options: dict[str, Any],
                 msgs: list[dict[str, Any]], path: str) -> None:
         def once(key: str, value: Any) -> None:
@@ -378,7 +367,7 @@ class Reader:
         if len(elements) > 1:
             self.problem(elements[1], "output continues after the end of the message", "trailing-output")
             el = elements[0]
-        if not el.closed and truncated_already is False and self._is_prompt(el, thinking):
+        if not el.closed and truncated_already is False and is_generation_prompt(self.d, el, thinking):
             # Only the generation prompt, with nothing after it.
             self.problem(None, "the completion is empty", "truncated")
         return self.assistant(el, 0, thinking, n["message"])

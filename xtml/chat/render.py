@@ -12,9 +12,10 @@ from typing import Any
 
 from ..errors import OptionError, TemplateError
 from ..markup.nodes import Node
-from ..markup.sink import Attrs, MarkupSink, TreeBuilder
+from ..markup.sink import Attrs, MarkupSink, TreeSink
 from ..plugins.api import ContentExtension, Context, call_id, check_attributes
 from .dialect import Dialect
+from .prompt import write_prompt
 from .request import Msg, Options, Part, deep_sort, json_compact
 
 
@@ -69,7 +70,7 @@ class _Guard:
 
 def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
     """The markup of a resolved request, top-level nodes in order."""
-    tb = TreeBuilder()
+    tb = TreeSink()
     render(d, o, msgs, tb)
     return tb.finish()
 
@@ -83,7 +84,7 @@ class RenderState:
     def __init__(self, d: Dialect, o: Options, sink: MarkupSink | None) -> None:
         self.d = d
         self.o = o
-        self.sink: MarkupSink = sink if sink is not None else TreeBuilder()
+        self.sink: MarkupSink = sink if sink is not None else TreeSink()
         self.ctx = Context(o)
 
     @property
@@ -127,7 +128,7 @@ def render(d: Dialect, o: Options, msgs: list[Msg], sink: MarkupSink) -> None:
 
 
 # A render is three parts, and what each reads is all that it reads, so that
-# a conversation (xtml.serving.conversation) can keep the markup of each
+# a conversation (xtml.codec.conversation) can keep the markup of each
 # message and write only what changes:
 #
 # * the head (render_head): the global internal messages, from the options
@@ -219,10 +220,7 @@ def render_tail(s: RenderState, final: Msg | None) -> None:
         held.finish()
         s.sink = sink
     elif o.add_generation_prompt:
-        sink.open(msg_tag, ((role, "assistant"),))
-        channel = d.prompt_tag(o.thinking)
-        if channel:
-            sink.open(channel)
+        write_prompt(d, o.thinking, sink)
     for ext in d.content:
         ext.finish_render(s.ctx)
 

@@ -1,5 +1,5 @@
 """``xtml export grammar``: the grammar of a completion for constrained
-decoding (the grammar itself is :mod:`xtml.serving.grammar`)."""
+decoding (the grammar itself is :mod:`xtml.codec.completion`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any, TextIO
 
-from ..serving.grammar import FORMATS, MAX_CALLS, completion_grammar
+from ..codec.completion import FORMATS, MAX_CALLS
 from ..template import load
 from ..vocab.load import load_tokenizer
 from .common import TOKENIZER_HELP, InputError, at_least, boolean, json_input, read_input
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     options: dict[str, Any] = {}
     if args.thinking is not None:
         options["thinking"] = args.thinking
-    text = completion_grammar(tpl, request, vocab, format=args.format, max_calls=args.max_calls,
+    text = tpl.completion_grammar(request, vocab, format=args.format, max_calls=args.max_calls,
                               json_fallback=args.json_fallback, token_refs=args.token_refs, **options)
     if args.format == "llguidance":
         _check_with_llguidance(text)

@@ -8,7 +8,7 @@ Tree (:mod:`.nodes`) → segments (:mod:`.segments`) → ids happens in
 from .header import escape, unescape
 from .markers import Markers
 from .nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
-from .parse import Lexemes, build, lex_ids, lex_text, line_col
+from .parse import Lexemes, build, lex_ids, lex_text
 from .segments import Segment, to_segments, to_text
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "escape",
     "lex_ids",
     "lex_text",
-    "line_col",
     "to_segments",
     "to_text",
     "unescape",

@@ -11,7 +11,7 @@ Two lexers feed one driver:
 The driver (:func:`build`) is a small state machine equal to the ``document``
 rule of ``grammar/xtml.lark`` (``tests/test_grammar.py`` checks the two agree
 on random input), with a lenient mode that repairs model output and reports
-what it repaired. :mod:`xtml.markup.grammar` runs the grammar itself.
+what it repaired. :mod:`xtml.markup.reference` runs the grammar itself.
 """
 
 from __future__ import annotations
@@ -69,10 +69,7 @@ def check_size(data: object, limit: int | None) -> None:
         return
     msg = f"the input is {n:,} {'characters' if isinstance(data, str) else 'token ids'} long, more than " \
           f"max_chars={limit:,}"
-    if isinstance(data, str):
-        line, col = line_col(data)(limit)
-        raise ParseError(msg, offset=limit, line=line, column=col)
-    raise ParseError(msg, offset=limit)
+    raise ParseError(msg, offset=limit, source=data if isinstance(data, str) else None)
 
 
 _LABEL = {
@@ -253,18 +250,19 @@ def build(
     lx: Lexemes,
     *,
     lenient: bool = False,
-    line_of: Callable[[int], tuple[int, int]] | None = None,
+    source: str | None = None,
     max_depth: int = MAX_DEPTH,
 ) -> Document:
     """Run the document grammar over lexemes and build the tree.
 
     Strict mode raises :class:`ParseError` at the first token the grammar does
-    not allow. Lenient mode never raises; every repair becomes a
+    not allow (with its line and column when ``source``, the text lexed, is
+    given). Lenient mode never raises; every repair becomes a
     :class:`Diagnostic` (see spec.md, "Recovery").
     """
     b = TreeBuilder(lenient=lenient, max_depth=max_depth)
     b.lexemes = lx
-    return b.finish(line_of)
+    return b.finish(source)
 
 
 class TreeBuilder:
@@ -301,9 +299,9 @@ class TreeBuilder:
         """Consume what can be decided (strict mode raises at an error)."""
         _drive(self, None, final=False)
 
-    def finish(self, line_of: Callable[[int], tuple[int, int]] | None = None) -> Document:
+    def finish(self, source: str | None = None) -> Document:
         """The end of input (at ``lexemes.end``): the tree."""
-        doc = _drive(self, line_of, final=True)
+        doc = _drive(self, source, final=True)
         assert doc is not None
         return doc
 
@@ -330,7 +328,7 @@ class TreeBuilder:
         return False
 
 
-def _drive(b: TreeBuilder, line_of: Callable[[int], tuple[int, int]] | None, final: bool) -> Document | None:
+def _drive(b: TreeBuilder, source: str | None, final: bool) -> Document | None:
     """The driver of :func:`build` and :class:`TreeBuilder`: consumes
     lexemes from ``b.next``; unless ``final``, stops where it must wait."""
     lx = b.lexemes
@@ -345,10 +343,7 @@ def _drive(b: TreeBuilder, line_of: Callable[[int], tuple[int, int]] | None, fin
     def fail(i: int, msg: str, kind: str) -> None:
         off = offsets[i] if i < n else lx.end
         if not lenient:
-            if line_of is not None:
-                line, col = line_of(off)
-                raise ParseError(msg, offset=off, line=line, column=col, path=_path(stack))
-            raise ParseError(msg, offset=off, path=_path(stack))
+            raise ParseError(msg, offset=off, source=source, path=_path(stack))
         diags.append(Diagnostic(kind, off, msg))
 
     def found(i: int) -> str:
@@ -502,17 +497,6 @@ def _drive(b: TreeBuilder, line_of: Callable[[int], tuple[int, int]] | None, fin
         assert node is not None
         top.append(node)
     return Document(tuple(top), tuple(diags))
-
-
-def line_col(text: str) -> Callable[[int], tuple[int, int]]:
-    """A function from character offset to 1-based (line, column) in ``text``."""
-
-    def at(off: int) -> tuple[int, int]:
-        line = text.count("\n", 0, off) + 1
-        col = off - (text.rfind("\n", 0, off) + 1) + 1
-        return line, col
-
-    return at
 
 
 class _Bail(Exception):

@@ -1,6 +1,6 @@
 """Markup as a stream of events, in document order.
 
-A dialect renders by calling a sink: :class:`TreeBuilder` turns the events
+A dialect renders by calling a sink: :class:`TreeSink` turns the events
 into a tree, and a tokenizer binding can turn the same events straight into
 ids. One rendering function thus feeds both, and the two cannot disagree.
 """
@@ -36,7 +36,7 @@ class MarkupSink(Protocol):
         """The end-of-message marker."""
 
 
-class TreeBuilder:
+class TreeSink:
     """A sink that builds the tree. Elements still open at the end (the
     generation prompt) come out with ``closed=False``."""
 

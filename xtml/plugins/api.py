@@ -185,7 +185,7 @@ class ContentExtension:
     def completion_grammar(self, names: Mapping[str, str]) -> str | None:
         """The grammar of the elements a model may write with this plugin
         inside a response channel, for constrained decoding (see
-        :func:`xtml.serving.grammar.completion_grammar`); None (the default):
+        :func:`xtml.codec.completion.completion_grammar`); None (the default):
         the exported grammar admits none of them.
 
         Rules ``name: expression`` in the subset of Lark every export shares:

@@ -1,12 +1,6 @@
-"""Serving: what a model generates, read as it streams, the grammar it
-may generate under (for constrained decoding), and the OpenAI shapes of
-both (:mod:`.openai`); conversations that render only their new turns
-(:mod:`.conversation`)."""
+"""The HTTP edge: the ``xtml serve`` gateway (:mod:`.gateway`), the engines
+behind it, and the OpenAI shapes of answers and streams (:mod:`.openai`).
 
-from .conversation import Conversation
-from .grammar import completion_grammar
-from .openai import ChunkStream, chat_completion, shape_message
-from .stream import StreamEvent, StreamParser
-
-__all__ = ["ChunkStream", "Conversation", "StreamEvent", "StreamParser", "chat_completion", "completion_grammar",
-           "shape_message"]
+Everything here stands on the facade (:class:`xtml.Template`); nothing below
+the facade imports this package.
+"""

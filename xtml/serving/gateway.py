@@ -6,7 +6,7 @@ that takes and gives token ids.
 * ``POST /v1/chat/completions`` — the request is checked and rendered to ids
   by the chat layer (unknown keys ignored, as clients send many; bad messages
   refused), the ids go to the backend (:mod:`.backends`), and the ids that
-  come back are parsed as they arrive (:class:`~xtml.serving.stream.StreamParser`)
+  come back are parsed as they arrive (:class:`~xtml.codec.stream.StreamParser`)
   into ``chat.completion.chunk`` server-sent events (:class:`~.openai.ChunkStream`),
   or parsed whole into a ``chat.completion`` (:func:`~.openai.chat_completion`);
 * ``GET /v1/models`` — the one model served;
@@ -51,11 +51,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..chat import fields
-from ..chat.render import render
-from ..chat.request import prepare
 from ..errors import OptionError, RequestError, XtmlError
 from .backends import BACKENDS, Backend, BackendError, Generation, Piece, dumps, sampling
-from .grammar import completion_grammar
 from .openai import SSE_DONE, ChunkStream, StopSequences, chat_completion, shape_message, sse
 
 if TYPE_CHECKING:
@@ -292,20 +289,17 @@ class Gateway:
                 raise RequestError(f"{k} cannot be served: the {self.kind} backend has no such field",
                                    location=k)
         t = self.template
-        o, msgs = prepare(self.dialect, body, {"unknown_keys": "ignore", "max_chars": t.max_chars})
+        ids, o = t.encode_request(body, self.tokenizer, unknown_keys="ignore")
         if o.continue_final:
             raise OptionError("continue_final_message is not served: a chat completion starts a new assistant "
                               "message", option="continue_final_message")
         if not o.add_generation_prompt:
             raise OptionError("a chat completion continues the generation prompt: add_generation_prompt "
                               "cannot be false", option="add_generation_prompt")
-        sink = self.binding.sink()
-        render(self.dialect, o, msgs, sink)
-        ids = sink.finish()
         grammar = None
         if self.grammar and (o.tool_choice == "required" or o.response_format is not None
                              or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
-            grammar = completion_grammar(t, body, self.tokenizer, unknown_keys="ignore")
+            grammar = t.completion_grammar(body, self.tokenizer, unknown_keys="ignore")
         gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
         return _Job(gen, o.thinking, bool(stream), bool(include_usage))
 

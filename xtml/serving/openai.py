@@ -4,7 +4,7 @@ A parsed completion (``Template.parse(ids, tok, completion=True,
 lenient=True)``, or the ``message`` of the stream's ``message_end``) becomes a
 ``chat.completion`` object (:func:`chat_completion`, or just its message and
 finish reason: :func:`shape_message`), and the events of a
-:class:`~xtml.serving.stream.StreamParser` become ``chat.completion.chunk``
+:class:`~xtml.codec.stream.StreamParser` become ``chat.completion.chunk``
 objects (:class:`ChunkStream`, one per response). The functions keep no
 state; a :class:`ChunkStream` holds only what one response needs, and its work
 per text token is one small dict.
@@ -71,9 +71,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..codec.stream import StreamEvent
 from ..errors import RequestError
 from ..plugins import jsonfmt
-from .stream import StreamEvent
 
 if TYPE_CHECKING:
     from ..chat.dialect import Dialect
@@ -91,7 +91,7 @@ __all__ = [
     "sse",
 ]
 
-# What a typed argument's text must parse to (xtml.plugins.channels reads
+# What a typed argument's text must parse to (xtml.chat.channels reads
 # arguments by the same table); anything else stays a string.
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "number": (int, float),

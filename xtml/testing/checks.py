@@ -23,12 +23,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from ..codec.stream import StreamEvent
 from ..errors import ParseError, XtmlError
-from ..markup.grammar import parse_lexemes
 from ..markup.markers import OPEN
 from ..markup.parse import MAX_DEPTH, build, lex_text
+from ..markup.reference import parse_lexemes
 from ..markup.segments import Segment
-from ..serving.stream import StreamEvent
 from ..template import Template, TokenizerLike
 
 __all__ = [

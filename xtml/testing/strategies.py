@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 from ..errors import MessageError, XtmlError
-from ..markup.grammar import document_parser
 from ..markup.header import NAME_RE, escape
 from ..markup.markers import (
     CLOSE,
@@ -42,6 +41,7 @@ from ..markup.markers import (
     TEXT,
 )
 from ..markup.parse import MAX_DEPTH, lex_text
+from ..markup.reference import document_parser
 from ..template import Template, TokenizerLike
 from .adversarial import json_objects, json_values, texts
 

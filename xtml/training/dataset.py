@@ -36,11 +36,11 @@ from itertools import accumulate
 from typing import IO, Any, Protocol, TextIO, cast
 
 from ..chat.dialect import load_dialect
+from ..codec.training import encode_example, overruns
 from ..errors import XtmlError
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
-from .masks import encode_example, overruns
 from .rows import RowError, row_request, with_training_defaults
 
 __all__ = ["DatasetError", "Job", "Report", "run", "run_job"]

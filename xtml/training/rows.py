@@ -10,12 +10,12 @@ from typing import Any
 
 from ..chat.dialect import Dialect, Training, load_dialect
 from ..chat.request import OPTION_NAMES
+from ..codec.training import IGNORE_INDEX, Train, TrainingExample, encode_example
 from ..errors import XtmlError
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
 from ..vocab.vocabulary import Vocabulary
-from .masks import IGNORE_INDEX, Train, TrainingExample, encode_example
 
 __all__ = ["REQUEST_COLUMNS", "MapFunction", "RowError", "load_bound", "row_request", "with_training_defaults"]
 

@@ -247,7 +247,7 @@ class Binding:
         except (TypeError, ValueError, OverflowError):
             self._bad_id(ids)
         if self.text_marks:
-            lx = _split_text_marks(lx, self.text_marks)
+            lx = split_text_marks(lx, self.text_marks)
         return lx
 
     def document(self, ids: Sequence[int], *, lenient: bool = False) -> Document:
@@ -307,7 +307,7 @@ class Binding:
         raise ParseError("token ids could not be decoded", offset=0)
 
 
-def _split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
+def split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:
     """Where a vocabulary spells a placeholder as ordinary text, find it in
     decoded body text, as the model's own processor does."""
     out = Lexemes(end=lx.end)

@@ -30,7 +30,7 @@ def _build(text: str) -> str | None:
 def combine(fragments: list[tuple[str, str]]) -> str:
     """The core grammar plus each ``(plugin name, fragment)``; raises
     :class:`TemplateError` naming the plugins when it does not build."""
-    from ..markup.grammar import grammar_text
+    from ..markup.reference import grammar_text
 
     core = grammar_text()
     if not fragments:

@@ -23,7 +23,6 @@ Lenient by default: nothing the model writes makes it raise.
 
 from __future__ import annotations
 
-import operator
 import re
 import weakref
 from codecs import utf_8_decode as _utf8
@@ -32,14 +31,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chat.channels import read_call
 from ..chat.dialect import Dialect
 from ..chat.parse import Reader, parse_completion
-from ..errors import ParseError, shown
+from ..chat.prompt import generation_prompt
+from ..errors import ParseError
 from ..markup.markers import CLOSE, END, OPEN, SEP, TEXT
 from ..markup.nodes import Diagnostic, Document, Element, Embed, Node, Text
 from ..markup.parse import Lexemes, TreeBuilder
-from ..plugins.channels import Tools
-from ..vocab.binding import Binding, _split_text_marks
+from ..vocab.binding import Binding, split_text_marks
+from ..vocab.ids import as_id, bad_id
 from ..vocab.vocabulary import Vocabulary
 
 __all__ = ["StreamEvent", "StreamParser"]
@@ -172,11 +173,8 @@ class StreamParser:
         self._marks = binding.text_marks
         self._channels = frozenset(d.channels())
         self._order = {tag: k for k, tag in enumerate(d.channels())}
-        tools = next((x for x in d.channel_exts if x.name == "tools"), None)
-        # The built-in tools channel reads one call at a time, so a call is
-        # read as the batch reads it the moment it closes; another plugin's
-        # calls are given when the message ends.
-        self._tools = tools if isinstance(tools, Tools) else None
+        # A call is read as the batch reads it the moment it closes.
+        self._tools = "tools" in d.channel_order
         self._tools_path = f"{n['message']}/{n['tools']}"
         self._tb = TreeBuilder(lenient=lenient)
         self._view: list[_Open] = []
@@ -398,17 +396,13 @@ class StreamParser:
     def _checked(self, t: Any, at: int, out: list[StreamEvent]) -> int | None:
         """An id as an int (integers of other types are ids too, as in batch
         parses), or None, reported, for what is no id of the vocabulary."""
-        try:
-            i = operator.index(t)
-        except TypeError:
-            i = -1
-        if 0 <= i < self._size:
+        i = as_id(t, self._size)
+        if i is not None or self._refused or self._done:
             return i
-        if self._refused or self._done:
-            return None
         # Batch parses refuse such input; the stream skips the id, as if it
         # were not there.
-        self._diag(out, "bad-id", at, f"{shown(t)} is not a token id of this tokenizer")
+        d = bad_id(t, at)
+        self._diag(out, d.kind, at, d.message)
         return None
 
     # -- text --------------------------------------------------------------------
@@ -509,7 +503,7 @@ class StreamParser:
             self._emit_text(self._hold, at, out)
         off = self._shift + self._run_at
         if self._marks and not self._header:
-            lx = _split_text_marks(Lexemes([TEXT], [text], [off]), self._marks)
+            lx = split_text_marks(Lexemes([TEXT], [text], [off]), self._marks)
             pieces = list(zip(lx.kinds, lx.texts))
         else:
             pieces = [(TEXT, text)]
@@ -591,7 +585,7 @@ class StreamParser:
         """The builder refused the input (nesting past the limit, or any
         error in a strict stream)."""
         if not self.lenient:
-            raise _relocated(e, self._shift)
+            raise e.moved(self._shift) from None
         self._refused = True
         self._diag(out, "too-deep", max(0, e.offset - self._shift), e.msg)
 
@@ -725,7 +719,7 @@ class StreamParser:
             parent = self._view[-1]
             el = parent.frame.children[-1]
             assert type(el) is Element and el.offset == o.frame.offset
-            if self._tools is None:
+            if not self._tools:
                 self._deferred.append(o)
                 return
             call = self._read_call(el, o.index)
@@ -738,12 +732,11 @@ class StreamParser:
             self._closed_message = self._tail[-1][0] != END
 
     def _read_call(self, el: Element, k: int) -> dict[str, Any]:
-        assert self._tools is not None
         self._reader = Reader(self.dialect, self.lenient)
         try:
-            return self._tools._read_call(el, 0, k, self._tools_path, self._reader)
+            return read_call(el, 0, k, self._tools_path, self._reader)
         except ParseError as e:
-            raise _relocated(e, self._shift) from None
+            raise e.moved(self._shift) from None
 
     # -- diagnostics ---------------------------------------------------------------------
 
@@ -792,7 +785,7 @@ class StreamParser:
                     found, diags = self._read_message(doc, out)
                 except ParseError as e:
                     if not self.lenient:
-                        raise _relocated(e, self._shift) from None
+                        raise e.moved(self._shift) from None
                     self._refuse(e, out)
                 else:
                     self._added(end_at, out, 0)
@@ -833,7 +826,7 @@ class StreamParser:
         (by the same reader), so that the end of a message with a thousand
         calls does not cost a thousand reads. The rest is
         :func:`parse_completion`, step by step."""
-        if self._tools is None or not self._calls or self._tools_at(doc) is None:
+        if not self._tools or not self._calls or self._tools_at(doc) is None:
             found, diags = parse_completion(self.dialect, doc, thinking=self.thinking, lenient=self.lenient,
                                             shift=self._shift)
             read = self._read
@@ -933,15 +926,7 @@ def _prompt_lexemes(d: Dialect, binding: Binding, thinking: bool) -> _Prompt:
     key = (n["message"], n["role"], d.prompt_tag(thinking))
     hit = cache.get(key)
     if hit is None:
-        tag = key[2]
-        channel = (Element(tag, (), (), closed=False),) if tag else ()
-        ids = binding.encode([Element(n["message"], ((n["role"], "assistant"),), channel, closed=False)])
+        ids = binding.encode([generation_prompt(d, thinking)])
         lx = binding.lex(ids)
         hit = cache[key] = (len(ids), tuple(zip(lx.kinds, lx.texts, lx.offsets)))
     return hit
-
-
-def _relocated(e: ParseError, shift: int) -> ParseError:
-    """Offsets from the start of the completion, not of the generation
-    prompt the parser starts with."""
-    return ParseError(e.msg, offset=max(0, e.offset - shift), path=e.path)

@@ -16,7 +16,16 @@ from typing import Any
 
 from ..errors import MessageError, TemplateError
 from ..markup.nodes import Element, Text
-from .api import CallView, ChannelExtension, MessageView, ReadView, RenderView, arguments_json, call_id, jsonfmt
+from ..plugins.api import (
+    CallView,
+    ChannelExtension,
+    MessageView,
+    ReadView,
+    RenderView,
+    arguments_json,
+    call_id,
+    jsonfmt,
+)
 
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "number": (int, float),
@@ -213,9 +222,16 @@ def _show(text: str) -> str:
     return repr(text[:40]) + (f"… ({len(text):,} characters)" if len(text) > 40 else "")
 
 
+def read_call(el: Element, pos: int, k: int, path: str, r: ReadView) -> dict[str, Any]:
+    """One call element of the tools channel, read as a whole message reads
+    it: the streaming parser reads each call the moment it closes."""
+    return _TOOLS._read_call(el, pos, k, path, r)
+
+
+_TOOLS = Tools()
 think = _Plugin(Think())
 response = _Plugin(Response())
-tools = _Plugin(Tools())
+tools = _Plugin(_TOOLS)
 
 
 def _not_a_block(text: str) -> str:

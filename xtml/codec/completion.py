@@ -35,7 +35,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..chat.dialect import Dialect
 from ..chat.request import prepare, split_request
@@ -65,17 +65,7 @@ _ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "objec
 _NAMED = re.compile(r"<(?!\[)[^<>\s\[\]]+>\Z")
 
 
-class TemplateLike(Protocol):
-    """What the grammar is built from: a :class:`~xtml.Template` or anything
-    with its dialect and tokenizer binding."""
-
-    @property
-    def dialect(self) -> Dialect: ...
-
-    def bind(self, tokenizer: Any) -> Binding: ...
-
-
-def completion_grammar(template: TemplateLike | Dialect, request: Any, tokenizer: Any = None, *,
+def completion_grammar(d: Dialect, binding: Binding | None, request: Any, *,
                        format: str = "llguidance", max_calls: int = MAX_CALLS, json_fallback: bool = True,
                        token_refs: str = "auto", **options: Any) -> str:
     """The grammar of what the assistant may generate for ``request`` after
@@ -98,13 +88,6 @@ def completion_grammar(template: TemplateLike | Dialect, request: Any, tokenizer
         raise OptionError(f"token_refs must be auto, name or id, not {token_refs!r}", option="token_refs")
     if type(max_calls) is not int or max_calls < 1:
         raise OptionError(f"max_calls must be a positive integer, not {max_calls!r}", option="max_calls")
-    if isinstance(template, Dialect):
-        d, binding = template, None
-        if tokenizer is not None:
-            raise TypeError("a tokenizer needs a Template (a Dialect cannot bind one)")
-    else:
-        d = template.dialect
-        binding = template.bind(tokenizer) if tokenizer is not None else None
     try:
         plan = _plan(d, request, options, max_calls=max_calls, json_fallback=json_fallback)
         if binding is not None:

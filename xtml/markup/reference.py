@@ -231,8 +231,4 @@ def parse_lexemes(lx: Lexemes, *, source: str | None = None) -> Document:
 
 
 def _located(msg: str, off: int, source: str | None) -> ParseError:
-    if source is None:
-        return ParseError(msg, offset=off)
-    line = source.count("\n", 0, off) + 1
-    col = off - (source.rfind("\n", 0, off) + 1) + 1
-    return ParseError(msg, offset=off, line=line, column=col)
+    return ParseError(msg, offset=off, source=source)

@@ -34,7 +34,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from ..chat import fields
 from ..chat.dialect import Dialect
@@ -44,9 +44,10 @@ from ..errors import MessageError, OptionError, RequestError
 from ..markup.sink import Attrs
 from ..plugins.api import call_id
 from ..vocab.binding import Binding
+from .parse import parse
 from .stream import StreamParser
 
-__all__ = ["CONVERSATION_OPTIONS", "ONE_SHOT_OPTIONS", "CompletionReader", "Conversation"]
+__all__ = ["CONVERSATION_OPTIONS", "ONE_SHOT_OPTIONS", "Conversation"]
 
 ONE_SHOT_OPTIONS: frozenset[str] = frozenset({
     "tool_choice", "response_format", "response_schema", "add_generation_prompt", "continue_final_message",
@@ -92,13 +93,6 @@ class _Recorder:
         self.events.append((_END, ()))
 
 
-class CompletionReader(Protocol):
-    """Reads what a model generated into one assistant message, as
-    ``Template.parse(ids, tokenizer, completion=True, ...)`` does."""
-
-    def __call__(self, ids: Sequence[int], *, thinking: bool, prefill: Any, lenient: bool) -> dict[str, Any]: ...
-
-
 class Conversation:
     """Messages, options and the ids they render to, kept up to date.
 
@@ -110,9 +104,8 @@ class Conversation:
     ``Template.encode``.
     """
 
-    def __init__(self, dialect: Dialect, binding: Binding, read_completion: CompletionReader,
-                 messages: Iterable[Any] = (), *, max_chars: int | None = MAX_CHARS,
-                 unknown_keys: str = "error", **options: Any) -> None:
+    def __init__(self, dialect: Dialect, binding: Binding, messages: Iterable[Any] = (), *,
+                 max_chars: int | None = MAX_CHARS, unknown_keys: str = "error", **options: Any) -> None:
         if max_chars is not None and (type(max_chars) is not int or max_chars < 0):
             raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
         if unknown_keys not in fields.UNKNOWN_KEYS:
@@ -120,7 +113,6 @@ class Conversation:
                               f"not {unknown_keys!r}", option="unknown_keys")
         self.dialect = dialect
         self.binding = binding
-        self._read = read_completion
         self._limit = max_chars
         self._ignore = unknown_keys == "ignore"
         self._raw: list[dict[str, Any]] = []
@@ -221,7 +213,8 @@ class Conversation:
         well-formed raises :class:`~xtml.errors.ParseError`, and nothing is
         added."""
         prefill = self._raw[-1] if self._continuing and self._raw else None
-        parsed = self._read(ids, thinking=self._o.thinking, prefill=prefill, lenient=lenient)
+        parsed = parse(self.dialect, self.binding, ids, completion=True, thinking=self._o.thinking, prefill=prefill,
+                       lenient=lenient, max_chars=self._limit)
         index = len(self._raw) - (prefill is not None)
         for k, call in enumerate(parsed.get("tool_calls") or (), start=1):
             call["id"] = call_id(index, k)
