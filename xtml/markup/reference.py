@@ -19,7 +19,7 @@ from ..errors import ParseError
 from .header import NAME_RE, Header, parse_header
 from .markers import TEXT
 from .nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from .parse import _LABEL, MAX_ATTRIBUTES, MAX_DEPTH, Lexemes, excerpt
+from .parse import LEXEME_LABEL, MAX_ATTRIBUTES, MAX_DEPTH, Lexemes, excerpt
 
 if TYPE_CHECKING:
     from lark import Lark, Token
@@ -213,7 +213,7 @@ def parse_lexemes(lx: Lexemes, *, source: str | None = None) -> Document:
         off = tok.start_pos if tok.type != "$END" else lx.end
         got = "end of input" if tok.type == "$END" else (
             f"text {excerpt(str(tok), 40)}" if tok.type == TEXT else f"marker {excerpt(str(tok))}")
-        wanted = sorted({_LABEL.get(x, "end of input" if x == "$END" else x) for x in e.expected})
+        wanted = sorted({LEXEME_LABEL.get(x, "end of input" if x == "$END" else x) for x in e.expected})
         expected = wanted[0] if len(wanted) == 1 else ", ".join(wanted[:-1]) + " or " + wanted[-1]
         raise _located(f"unexpected {got}; expected {expected}", off or 0, source) from None
     except lk.UnexpectedCharacters as e:

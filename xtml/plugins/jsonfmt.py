@@ -13,6 +13,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import shown
+
 # Argument values: default separators, non-ASCII kept (K3's spelling).
 _VALUE = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 # Argument objects as parse returns them. Their values come from
@@ -34,12 +36,8 @@ def _constant(name: str) -> Any:
 def _float(text: str) -> float:
     v = float(text)
     if math.isinf(v):
-        raise NotStandard(f"the number {_short(text)} is too large for a float")
+        raise NotStandard(f"the number {shown(text)} is too large for a float")
     return v
-
-
-def _short(text: str, limit: int = 24) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
 # parse_constant sees NaN, Infinity and -Infinity, which Python's decoder

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..codec.stream import StreamEvent
-from ..errors import ParseError, XtmlError
+from ..errors import ParseError, XtmlError, shown
 from ..markup.markers import OPEN
 from ..markup.parse import MAX_DEPTH, build, lex_text
 from ..markup.reference import parse_lexemes
@@ -45,22 +45,22 @@ _V = TypeVar("_V")
 
 # -- comparing ------------------------------------------------------------------
 
-def _show(x: Any, limit: int = 300) -> str:
-    s = repr(x)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
+def _shown(x: Any) -> str:
+    # Longer than an error's quote: a failing property shows enough to compare.
+    return shown(x, 300)
 
 def _difference(want: Any, got: Any, path: str = "") -> str | None:
     """Where two JSON-like values first differ, or None if they are equal."""
     if type(want) is not type(got) and not (isinstance(want, int | float) and isinstance(got, int | float)):
-        return f"{path or 'the value'}: expected {_show(want)}, got {_show(got)}"
+        return f"{path or 'the value'}: expected {_shown(want)}, got {_shown(got)}"
     if isinstance(want, dict):
         for k in want:
             if k not in got:
-                return f"{path}.{k}: missing (expected {_show(want[k])})" if path else f"{k}: missing"
+                return f"{path}.{k}: missing (expected {_shown(want[k])})" if path else f"{k}: missing"
         for k in got:
             if k not in want:
-                return f"{path}.{k}: unexpected {_show(got[k])}" if path else f"{k}: unexpected {_show(got[k])}"
+                return f"{path}.{k}: unexpected {_shown(got[k])}" if path else f"{k}: unexpected {_shown(got[k])}"
         for k in want:
             diff = _difference(want[k], got[k], f"{path}.{k}" if path else str(k))
             if diff is not None:
@@ -75,13 +75,13 @@ def _difference(want: Any, got: Any, path: str = "") -> str | None:
             return f"{path or 'the list'}: expected {len(want)} items, got {len(got)}"
         return None
     if want != got or type(want) is not type(got):
-        return f"{path or 'the value'}: expected {_show(want)}, got {_show(got)}"
+        return f"{path or 'the value'}: expected {_shown(want)}, got {_shown(got)}"
     return None
 
 
 def _assert_equal(want: Any, got: Any, what: str) -> None:
     if want != got:
-        raise AssertionError(f"{what}: {_difference(want, got) or f'{_show(want)} != {_show(got)}'}")
+        raise AssertionError(f"{what}: {_difference(want, got) or f'{_shown(want)} != {_shown(got)}'}")
 
 
 def _call(what: str, fn: Callable[..., _V], *args: Any, **kwargs: Any) -> _V:
@@ -149,7 +149,7 @@ def check_round_trip(template: Template, request: Any, tokenizer: TokenizerLike 
             lenient = _call("lenient parse of the encoded ids", template.parse, ids, tokenizer, lenient=True)
             diags = lenient.pop("diagnostics", None)
             if diags:
-                raise AssertionError(f"lenient parse of valid ids reports diagnostics: {_show(diags)}")
+                raise AssertionError(f"lenient parse of valid ids reports diagnostics: {_shown(diags)}")
             _assert_equal(expected, lenient, "lenient parse(encode(x)) differs from normalize(x)")
     _assert_equal(before, request, "render or normalize changed the request it was given")
     again = _call("normalize of the normal form", template.normalize, expected)
@@ -159,7 +159,7 @@ def check_round_trip(template: Template, request: Any, tokenizer: TokenizerLike 
         at = next((i for i, (a, b) in enumerate(zip(text, rendered.text)) if a != b),
                   min(len(text), len(rendered.text)))
         raise AssertionError(f"the normal form renders differently from the request, from character {at}: "
-                             f"{_show(rendered.text[at:at + 80])} became {_show(text[at:at + 80])}")
+                             f"{_shown(rendered.text[at:at + 80])} became {_shown(text[at:at + 80])}")
 
 
 def check_injection_free(template: Template, request: Any, tokenizer: TokenizerLike) -> None:
@@ -309,11 +309,11 @@ def _check_stream(template: Template, tokenizer: TokenizerLike, ids: list[int], 
                     thinking=thinking, lenient=True)
     diags = lenient.pop("diagnostics", None)
     if diags:
-        raise AssertionError(f"lenient completion parse {what} reports diagnostics: {_show(diags)}")
+        raise AssertionError(f"lenient completion parse {what} reports diagnostics: {_shown(diags)}")
     events = _call("streaming", _stream, template, tokenizer, ids, thinking, chunks)
     bad = [e.diagnostic for e in events if e.type == "diagnostic"]
     if bad:
-        raise AssertionError(f"the stream {what} reports diagnostics: {_show(bad)}")
+        raise AssertionError(f"the stream {what} reports diagnostics: {_shown(bad)}")
     end = _message_end(events, f"the stream {what}")
     _assert_equal(batch, end.message, f"the streamed message {what} differs from the batch parse")
     reason = "tool_calls" if batch.get("tool_calls") else "stop"
@@ -321,13 +321,13 @@ def _check_stream(template: Template, tokenizer: TokenizerLike, ids: list[int], 
         raise AssertionError(f"stop_reason {end.stop_reason!r} {what}, expected {reason!r}")
     think = "".join(e.text or "" for e in events if e.type == "text" and e.channel == n["think"])
     if think != batch.get("reasoning_content", ""):
-        raise AssertionError(f"the think deltas {what} add up to {_show(think)}, "
-                             f"the reasoning is {_show(batch.get('reasoning_content', ''))}")
+        raise AssertionError(f"the think deltas {what} add up to {_shown(think)}, "
+                             f"the reasoning is {_shown(batch.get('reasoning_content', ''))}")
     if isinstance(batch.get("content"), str):
         response = "".join(e.text or "" for e in events if e.type == "text" and e.channel == n["response"])
         if response != batch["content"]:
-            raise AssertionError(f"the response deltas {what} add up to {_show(response)}, "
-                                 f"the content is {_show(batch['content'])}")
+            raise AssertionError(f"the response deltas {what} add up to {_shown(response)}, "
+                                 f"the content is {_shown(batch['content'])}")
     calls = [e.call for e in events if e.type == "tool_call_end"]
     _assert_equal(batch.get("tool_calls", []), calls, f"the tool_call_end calls {what}")
     strict = _call("a strict stream", _stream, template, tokenizer, ids, thinking, chunks, lenient=False)
@@ -344,12 +344,12 @@ def _check_diagnostics(out: Any, length: int, what: str) -> None:
         raise AssertionError(f"{what} returned {type(out).__name__}, not a dict")
     diags = out.get("diagnostics")
     if not isinstance(diags, list):
-        raise AssertionError(f"{what}: 'diagnostics' is {_show(diags)}, not a list")
+        raise AssertionError(f"{what}: 'diagnostics' is {_shown(diags)}, not a list")
     for x in diags:
         if not isinstance(x, dict) or set(x) != {"kind", "offset", "message"}:
-            raise AssertionError(f"{what}: malformed diagnostic {_show(x)}")
+            raise AssertionError(f"{what}: malformed diagnostic {_shown(x)}")
         if not isinstance(x["offset"], int) or not 0 <= x["offset"] <= length:
-            raise AssertionError(f"{what}: diagnostic offset outside the input (length {length}): {_show(x)}")
+            raise AssertionError(f"{what}: diagnostic offset outside the input (length {length}): {_shown(x)}")
 
 
 def check_never_crash(template: Template, ids_or_text: Sequence[int] | str,
@@ -420,7 +420,7 @@ def check_never_crash(template: Template, ids_or_text: Sequence[int] | str,
             raise AssertionError(f"a lenient stream (thinking={thinking}) raised {type(e).__name__}: {e}") from e
         end = _message_end(events, f"the lenient stream (thinking={thinking})")
         if not isinstance(end.message, dict) or end.message.get("role") != "assistant":
-            raise AssertionError(f"the lenient stream (thinking={thinking}) ended with {_show(end.message)}")
+            raise AssertionError(f"the lenient stream (thinking={thinking}) ended with {_shown(end.message)}")
         try:
             _stream(template, tokenizer, data, thinking, None, lenient=False)
         except XtmlError:

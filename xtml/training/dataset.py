@@ -1,5 +1,6 @@
-"""``xtml render-dataset`` and ``xtml lint-dataset``: JSONL requests to
-Parquet training data, and think-channel budget checks.
+"""Dataset jobs: JSONL or table rows of requests to Parquet training data,
+and think-channel budget checks (the jobs behind ``xtml render-dataset`` and
+``xtml lint-dataset``, whose arguments and reports are :mod:`xtml.cli.dataset`).
 
 The input is streamed in chunks of lines; each chunk is rendered by a worker
 (in this process, or in a pool of ``--workers`` processes that each load the
@@ -15,7 +16,6 @@ the run, and the counts at the end always include it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import io
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import IO, Any, Protocol, TextIO, cast
+from typing import IO, Any, cast
 
 from ..chat.dialect import load_dialect
 from ..codec.training import encode_example, overruns
@@ -43,16 +43,13 @@ from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
 from .rows import RowError, row_request, with_training_defaults
 
-__all__ = ["DatasetError", "Job", "Report", "run", "run_job"]
+__all__ = ["DatasetError", "Job", "ParquetSink", "Report", "init_worker", "open_rows", "run_job"]
 
 
 # Lines per chunk (and Parquet rows per row group), and the most bytes a
 # chunk gathers before it is handed out: long rows make smaller chunks.
 CHUNK_ROWS = 512
 CHUNK_BYTES = 16 << 20
-# Skipped rows and overruns printed in the text report; --errors or
-# --format json give all of them.
-SHOWN = 20
 
 
 class DatasetError(XtmlError):
@@ -143,7 +140,7 @@ _state: tuple[Job, Any, Any] | None = None
 _vocabs: dict[tuple[str, tuple[str, ...]], Any] = {}
 
 
-def _init(job: Job, quiet_threads: bool) -> None:
+def init_worker(job: Job, quiet_threads: bool) -> None:
     """Load the template and tokenizer of ``job`` in this process."""
     global _state
     if quiet_threads:
@@ -382,7 +379,7 @@ def run_job(job: Job, source: IO[bytes] | JsonLines | TableRows, *, workers: int
             progress.update(report)
 
     if workers <= 1:
-        _init(job, quiet_threads=False)
+        init_worker(job, quiet_threads=False)
         if progress is not None:
             progress.start()
         for chunk in rows.chunks(tick):
@@ -396,7 +393,7 @@ def run_job(job: Job, source: IO[bytes] | JsonLines | TableRows, *, workers: int
         # can be copied held. Elsewhere they start afresh and load their own.
         frozen = False
         if sys.platform == "linux":
-            _init(job, quiet_threads=False)
+            init_worker(job, quiet_threads=False)
             ctx = mp.get_context("fork")
             # Frozen, the objects the forks share stay out of the collector's
             # walks in every worker, and their memory pages stay shared rather
@@ -410,7 +407,7 @@ def run_job(job: Job, source: IO[bytes] | JsonLines | TableRows, *, workers: int
             if frozen:
                 stack.callback(gc.unfreeze)  # after the pool has shut down
             pool = stack.enter_context(
-                ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(job, True)))
+                ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(job, True)))
             pool.submit(int).result()  # with fork, every worker starts on the first task
             if progress is not None:
                 progress.start()
@@ -526,107 +523,7 @@ class ParquetSink:
         self._raise()
 
 
-class _Progress:
-    """A rich progress bar on stderr (a terminal only): bytes read, rows,
-    tokens."""
-
-    def __init__(self, total: int | None) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=True)
-        self.task = self.bar.add_task("rendering", total=total, stats="")
-
-    def start(self) -> None:
-        self.bar.start()
-
-    def advance(self, n: int) -> None:
-        self.bar.advance(self.task, n)
-
-    def update(self, r: Report) -> None:
-        self.bar.update(self.task, stats=f"{r.written:,} rows, {r.tokens:,} tokens, {len(r.skipped):,} skipped")
-
-    def stop(self) -> None:
-        self.bar.stop()
-
-
-# -- the commands ----------------------------------------------------------------
-
-
-class OutputFile(Protocol):
-    """A file a dataset command writes (:class:`xtml.cli.output.Output`):
-    filled through a temporary file that :meth:`commit` moves over it, or,
-    for standard output or error, written to ``stream``."""
-
-    path: str
-
-    @property
-    def stream(self) -> TextIO | None: ...
-
-    def temporary(self) -> str: ...
-
-    def commit(self) -> None: ...
-
-    def discard(self) -> None: ...
-
-
-def run(args: argparse.Namespace, out: TextIO, *, parquet: OutputFile | None = None,
-        errors: OutputFile | None = None) -> int:
-    """Run a dataset command; returns the exit status. Raises
-    :class:`~xtml.errors.XtmlError` for input the command cannot use.
-    ``parquet`` (render-dataset) and ``errors`` (``--errors``) are where the
-    rows and the skipped rows go; each existing file is replaced only when
-    the run is complete, and left as it was otherwise."""
-    render = args.command == "render-dataset"
-    if render and parquet is None:
-        raise ValueError("render-dataset needs a Parquet output")
-    _init(Job(args.template, args.tokenizer, args.add_markers), quiet_threads=False)  # fail fast, in one line
-    job = Job(args.template, args.tokenizer, args.add_markers, train=args.train if render else None,
-              ids=render, budgets=not render or args.check_budgets)
-    source, opened = _open_input(args.file)
-    sink: ParquetSink | None = None
-    progress: _Progress | None = None
-    try:
-        if parquet is not None:
-            sink = ParquetSink(parquet.temporary(), args.labels, index=source.unit, name=parquet.path)
-        if sys.stderr.isatty():
-            progress = _Progress(source.total())
-        try:
-            report = run_job(job, source, workers=args.workers, sink=sink, progress=progress)
-        finally:
-            if progress is not None:
-                progress.stop()
-        if sink is not None:
-            sink.close()
-            sink = None
-        # Both files complete before either replaces what was there.
-        if errors is not None:
-            _write_errors(errors, report)
-        if parquet is not None:
-            parquet.commit()
-        if errors is not None and errors.stream is None:
-            errors.commit()
-    finally:
-        if sink is not None:
-            # Only reached with an error on its way out: the file is left
-            # unfinished, and a second error must not hide the first.
-            with contextlib.suppress(Exception):
-                sink.close()
-        for f in (parquet, errors):
-            if f is not None:
-                f.discard()
-        if opened is not None:
-            opened.close()
-    if getattr(args, "format", "text") == "json":
-        out.write(json.dumps(report.as_dict(), ensure_ascii=False, indent=2) + "\n")
-    else:
-        _write_report(out, report, render, job.budgets, args)
-    return 1 if report.skipped or report.overruns else 0
-
-
-def _open_input(path: str) -> tuple[JsonLines | TableRows, IO[bytes] | None]:
+def open_rows(path: str) -> tuple[JsonLines | TableRows, IO[bytes] | None]:
     """The rows of ``path`` and the file to close after: JSON lines (``-``
     for stdin), or a table (a folder, or a .parquet or .arrow file)."""
     if path == "-":
@@ -667,52 +564,3 @@ def _size(f: IO[bytes]) -> int | None:
     import stat
 
     return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
-def _write_errors(dest: OutputFile, r: Report) -> None:
-    """Every skipped row and overrun, a JSON line each, to ``dest``'s stream
-    or to its temporary file (committed by the caller)."""
-    stream = dest.stream
-    try:
-        with contextlib.ExitStack() as stack:
-            f = stream if stream is not None else stack.enter_context(
-                open(dest.temporary(), "w", encoding="utf-8"))
-            for line, err in r.skipped:
-                f.write(_json_line({r.unit: line, "error": err}))
-            for line, m, e, t, b in r.overruns:
-                f.write(_json_line({r.unit: line, "error": f"message {m}: think channel of {t} tokens is over the "
-                                    f"{e} budget of {b}", "message": m, "effort": e, "tokens": t, "budget": b}))
-    except OSError as e:
-        raise DatasetError(f"cannot write {dest.path}: {e.strerror or e}") from None
-
-
-def _json_line(obj: Any) -> str:
-    s = json.dumps(obj, ensure_ascii=False)
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from the input, quoted in a reason: escaped, it can be written
-        s = json.dumps(obj)
-    return s + "\n"
-
-
-def _write_report(out: TextIO, r: Report, render: bool, budgets: bool, args: argparse.Namespace) -> None:
-    share = f" ({100 * r.trained / r.tokens:.1f}%)" if r.tokens else ""
-    rate = f", {r.rows / r.seconds:,.0f} rows/s" if r.seconds > 0 else ""
-    written = f"{r.written:,}" + (f" to {args.parquet}" if render else "")
-    for label, value in (("rows read", f"{r.rows:,}"), ("rows written" if render else "rows rendered", written),
-                         ("rows skipped", f"{len(r.skipped):,}"), ("tokens", f"{r.tokens:,}"),
-                         ("trained", f"{r.trained:,}{share}"), ("time", f"{r.seconds:.1f} s{rate}")):
-        out.write(f"{label:<15}{value}\n")
-    if budgets:
-        out.write("think budgets (rows over budget / rows, per effort):\n")
-        for effort, n in sorted(r.efforts.items()):
-            out.write(f"  {effort:<12} {r.over_by_effort.get(effort, 0):,} / {n:,}\n")
-    for line, err in r.skipped[:SHOWN]:
-        out.write(f"{r.unit} {line}: skipped: {err}\n")
-    if budgets:
-        for line, m, e, t, b in r.overruns[:SHOWN]:
-            out.write(f"{r.unit} {line}: message {m}: think channel of {t:,} tokens is over the {e} budget of {b:,}\n")
-    hidden = max(0, len(r.skipped) - SHOWN) + (max(0, len(r.overruns) - SHOWN) if budgets else 0)
-    if hidden:
-        out.write(f"... and {hidden:,} more" + (f" (all in {args.errors_file})" if args.errors_file
-                                                 else " (--errors FILE writes them all)") + "\n")

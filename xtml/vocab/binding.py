@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from ..errors import ParseError, TokenizerError, shown
@@ -21,7 +22,7 @@ from ..markup.parse import Lexemes, build, build_ids_fast, ids_as_text, lex_ids
 from ..markup.segments import Segment, close_tag, open_tag
 from .vocabulary import Vocabulary
 
-__all__ = ["Binding", "IdSink", "join_ids"]
+__all__ = ["Binding", "IdSink", "TreeMarks", "join_ids"]
 
 # Constant pieces (headers, template prose) are cached per binding; the cap
 # keeps a long-running server's memory bounded whatever its traffic.
@@ -33,6 +34,19 @@ _CACHE_LIMIT = 65536
 # the handoff. A chat-sized request never reaches it and is encoded in one
 # batch.
 _HANDOFF = 1 << 15
+
+
+@dataclass(slots=True)
+class TreeMarks:
+    """Where a walk of a tree put each element (see :meth:`Binding.chunks`)."""
+
+    elements: list[Element] = field(default_factory=list)
+    """The elements, in document order."""
+    records: list[list[int]] = field(default_factory=list)
+    """Per element: its parent's index (-1 at the top), its depth, and the
+    piece indexes of its open tag, its close tag and the piece after it."""
+    end_chunks: list[int] = field(default_factory=list)
+    """The piece index of each end marker."""
 
 
 class Binding:
@@ -127,17 +141,25 @@ class Binding:
         """Ids of a markup tree. Equal to ``encode_segments(to_segments(doc))``,
         but constant pieces come from caches and all body text is encoded in
         one batch."""
+        return join_ids(self.chunks(doc))
+
+    def chunks(self, doc: Document | Sequence[Node], marks: TreeMarks | None = None) -> list[list[int]]:
+        """The ids of a tree as a list of pieces (a tag, a body, a marker),
+        in document order; with ``marks``, also where each element's tags
+        and each end marker fall among the pieces. The one walk of a tree
+        into ids: :meth:`encode` joins the pieces, spans sum their lengths."""
         chunks: list[list[int]] = []
         texts: list[str] = []
         slots: list[int] = []
         nodes = doc.nodes if isinstance(doc, Document) else doc
-        self._walk(nodes, chunks, texts, slots)
+        self._walk(nodes, chunks, texts, slots, marks, -1, 0)
         if texts:
             for slot, ids in zip(slots, self.vocab.ids_of(texts)):
                 chunks[slot] = ids
-        return join_ids(chunks)
+        return chunks
 
-    def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int]) -> None:
+    def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int],
+              marks: TreeMarks | None, parent: int, depth: int) -> None:
         for node in nodes:
             if type(node) is Text:
                 if not node.text:
@@ -145,16 +167,30 @@ class Binding:
                 if node.stable:
                     chunks.append(self._stable_ids(node.text))
                 else:
+                    # Filled after the walk: all body text in one batch.
                     slots.append(len(chunks))
                     chunks.append([])
                     texts.append(node.text)
             elif type(node) is Element:
+                rec: list[int] | None = None
+                me = parent
+                if marks is not None:
+                    rec = [parent, depth, len(chunks), 0, 0]
+                    me = len(marks.records)
+                    marks.elements.append(node)
+                    marks.records.append(rec)
                 chunks.append(self._open_ids(node.tag, node.attrs))
                 if node.children:
-                    self._walk(node.children, chunks, texts, slots)
+                    self._walk(node.children, chunks, texts, slots, marks, me, depth + 1)
+                if rec is not None:
+                    rec[3] = len(chunks)
                 if node.closed:
                     chunks.append(self._close_ids(node.tag))
+                if rec is not None:
+                    rec[4] = len(chunks)
             elif type(node) is EndOfMessage:
+                if marks is not None:
+                    marks.end_chunks.append(len(chunks))
                 chunks.append([self.marker_ids[self.markers.end]])
             elif type(node) is Embed:
                 chunks.append(self._segment_ids(Segment(node.raw, True)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import TokenizerError
 from .tiktoken import find_vocab_file, is_tiktoken_file, load_tiktoken
-from .vocabulary import Vocabulary, _add_special
+from .vocabulary import Vocabulary, add_special
 
 __all__ = ["load_tokenizer"]
 
@@ -76,5 +76,5 @@ def load_tokenizer(
     extra = list(add_special_tokens)
     if extra:
         added = {t.content: bool(t.special) for t in tok.get_added_tokens_decoder().values()}
-        _add_special(tok, [t for t in extra if not added.get(t)])
+        add_special(tok, [t for t in extra if not added.get(t)])
     return Vocabulary(tok, str(p), _copy=False)

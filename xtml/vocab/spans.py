@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from itertools import accumulate, chain
 from typing import NamedTuple
 
-from ..markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
-from ..markup.segments import Segment
-from .binding import Binding
+from ..markup.nodes import Document, Element, Node
+from .binding import Binding, TreeMarks
 
 __all__ = ["ElementSpan", "EncodedTree", "encode_spans"]
 
@@ -67,65 +66,15 @@ class EncodedTree:
         return range(index, k)
 
 
-# An element as the walk records it: parent, depth, and the chunk indexes of
-# its open tag, its close tag and the chunk after it.
-_Record = list[int]
-
-
 def encode_spans(binding: Binding, doc: Document | Sequence[Node]) -> EncodedTree:
-    """The ids of a tree and the span of each element.
-
-    The walk mirrors :meth:`Binding.encode` piece for piece (the ids are
-    equal; the tests hold it to that) and notes, per element, which chunk of
-    ids its tags are; chunk offsets are summed once at the end, after the
-    batch encode has filled in the body text."""
-    chunks: list[list[int]] = []
-    texts: list[str] = []
-    slots: list[int] = []
-    elements: list[Element] = []
-    records: list[_Record] = []
-    end_chunks: list[int] = []
-    nodes = doc.nodes if isinstance(doc, Document) else doc
-    _walk(binding, nodes, -1, 0, chunks, texts, slots, elements, records, end_chunks)
-    if texts:
-        for slot, ids in zip(slots, binding.vocab.ids_of(texts)):
-            chunks[slot] = ids
+    """The ids of a tree and the span of each element: the binding's walk
+    (:meth:`Binding.chunks`, the same pieces :meth:`Binding.encode` joins),
+    with piece offsets summed once at the end."""
+    marks = TreeMarks()
+    chunks = binding.chunks(doc, marks)
     off = list(accumulate(map(len, chunks), initial=0))
     spans = [
         ElementSpan(el, parent, depth, off[first], off[first + 1], off[close], off[after])
-        for el, (parent, depth, first, close, after) in zip(elements, records)
+        for el, (parent, depth, first, close, after) in zip(marks.elements, marks.records)
     ]
-    return EncodedTree(list(chain.from_iterable(chunks)), spans, [off[c] for c in end_chunks])
-
-
-def _walk(b: Binding, nodes: Sequence[Node], parent: int, depth: int, chunks: list[list[int]], texts: list[str],
-          slots: list[int], elements: list[Element], records: list[_Record], end_chunks: list[int]) -> None:
-    for node in nodes:
-        if type(node) is Text:
-            if not node.text:
-                continue
-            if node.stable:
-                chunks.append(b._stable_ids(node.text))
-            else:
-                slots.append(len(chunks))
-                chunks.append([])
-                texts.append(node.text)
-        elif type(node) is Element:
-            rec: _Record = [parent, depth, len(chunks), 0, 0]
-            me = len(records)
-            elements.append(node)
-            records.append(rec)
-            chunks.append(b._open_ids(node.tag, node.attrs))
-            if node.children:
-                _walk(b, node.children, me, depth + 1, chunks, texts, slots, elements, records, end_chunks)
-            rec[3] = len(chunks)
-            if node.closed:
-                chunks.append(b._close_ids(node.tag))
-            rec[4] = len(chunks)
-        elif type(node) is EndOfMessage:
-            end_chunks.append(len(chunks))
-            chunks.append([b.marker_ids[b.markers.end]])
-        elif type(node) is Embed:
-            chunks.append(b._segment_ids(Segment(node.raw, True)))
-        else:
-            raise TypeError(f"not a markup node: {type(node).__name__}")
+    return EncodedTree(list(chain.from_iterable(chunks)), spans, [off[c] for c in marks.end_chunks])

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import TokenizerError, shown
 from ..markup.collector import collector_paused
-from .vocabulary import Vocabulary, _byte_to_char, _cores, join_bytes, refuse_lone_surrogates
+from .vocabulary import Vocabulary, byte_to_char, join_bytes, refuse_lone_surrogates, usable_cores
 
 __all__ = ["KIMI_PATTERN", "RESERVED_NAME", "TiktokenVocabulary", "find_vocab_file", "load_tiktoken"]
 
@@ -104,16 +104,16 @@ def read_ranks(path: Path) -> dict[bytes, int]:
         if not fields:
             continue
         if len(fields) != 2:
-            raise bad(no, f"expected a base64 token, a space and a rank, got {_show(raw)}")
+            raise bad(no, f"expected a base64 token, a space and a rank, got {_line(raw)}")
         token_b64, rank_text = fields
         try:
             token = binascii.a2b_base64(token_b64, strict_mode=True)
         except binascii.Error:
-            raise bad(no, f"{_show(token_b64)} is not base64") from None
+            raise bad(no, f"{_line(token_b64)} is not base64") from None
         if not token:
             raise bad(no, "the token is empty")
         if not rank_text.isdigit():
-            raise bad(no, f"the rank {_show(rank_text)} is not a non-negative integer")
+            raise bad(no, f"the rank {_line(rank_text)} is not a non-negative integer")
         rank = int(rank_text)
         if token in ranks:
             raise bad(no, f"token {token!r} already has rank {ranks[token]} (line {line_of[ranks[token]]})")
@@ -136,9 +136,9 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _show(raw: bytes, limit: int = 60) -> str:
-    text = raw.decode("utf-8", "replace").strip()
-    return repr(text[:limit] + ("…" if len(text) > limit else ""))
+def _line(raw: bytes) -> str:
+    # A line of a vocabulary file, as text: the file is read as bytes.
+    return shown(raw.decode("utf-8", "replace").strip(), 60)
 
 
 def read_added(config: Path, base: int) -> dict[int, tuple[str, bool]]:
@@ -260,7 +260,7 @@ class TiktokenVocabulary(Vocabulary):
     def overlaps(self) -> bool:
         """tiktoken encodes each text on the calling thread without the GIL:
         another core can always take a batch while the caller renders."""
-        return _cores() > 1
+        return usable_cores() > 1
 
     def decode_batch(self, runs: list[Sequence[int]]) -> list[str]:
         """Each run of ids decoded on its own (invalid UTF-8 replaced, as
@@ -322,7 +322,7 @@ class TiktokenVocabulary(Vocabulary):
 
 @cache
 def _alphabet() -> dict[int, str]:
-    return _byte_to_char()
+    return byte_to_char()
 
 
 def _with_specials(

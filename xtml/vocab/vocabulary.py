@@ -172,7 +172,7 @@ class Vocabulary:
         batch's time instead of 1.05 to 1.1x)."""
         flag = os.environ.get("TOKENIZERS_PARALLELISM")
         serial = flag is not None and flag.lower() in ("", "off", "false", "f", "no", "n", "0")
-        return serial and _cores() > 1
+        return serial and usable_cores() > 1
 
     def ids_later(self, texts: list[str]) -> Callable[[], list[list[int]]]:
         """:meth:`ids_of` on a worker thread: returns at once, and calling
@@ -300,7 +300,7 @@ class Vocabulary:
 
         tok = Tokenizer.from_str(self._tok.to_str())
         tok.encode_special_tokens = False
-        _add_special(tok, [t for t in tokens if self.special_id(t) is None])
+        add_special(tok, [t for t in tokens if self.special_id(t) is None])
         return Vocabulary(tok, self.source, _copy=False)
 
     @property
@@ -312,7 +312,7 @@ class Vocabulary:
 
 
 @cache
-def _cores() -> int:
+def usable_cores() -> int:
     """The cores this process may run on (asked once: every encode asks)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -344,7 +344,7 @@ def _forget_worker() -> None:
     global _pool, _POOL_LOCK
     _pool = None
     _POOL_LOCK = threading.Lock()
-    _cores.cache_clear()
+    usable_cores.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_worker)
@@ -384,11 +384,11 @@ def _unbyte() -> dict[int, int]:
     U+FFFF, which Latin-1 cannot encode, so a token outside the alphabet
     fails the encode."""
     out = dict.fromkeys(range(256), 0xFFFF)
-    out.update({ord(c): b for b, c in _byte_to_char().items()})
+    out.update({ord(c): b for b, c in byte_to_char().items()})
     return out
 
 
-def _byte_to_char() -> dict[int, str]:
+def byte_to_char() -> dict[int, str]:
     """The byte-level BPE alphabet: each byte as the character that stands
     for it in token strings (printable Latin-1 as itself, the rest shifted
     past U+0100)."""
@@ -408,7 +408,7 @@ def byte_vocabulary(special_tokens: Iterable[str] = ()) -> Vocabulary:
     on token ids when no model tokenizer is at hand."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = _byte_to_char()
+    alphabet = byte_to_char()
     tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -416,7 +416,7 @@ def byte_vocabulary(special_tokens: Iterable[str] = ()) -> Vocabulary:
     return Vocabulary(tok, "<byte-level vocabulary>", _copy=False)
 
 
-def _add_special(tok: Any, tokens: list[str]) -> None:
+def add_special(tok: Any, tokens: list[str]) -> None:
     """Add ``tokens`` to a ``tokenizers.Tokenizer`` as special tokens."""
     if tokens:
         from tokenizers import AddedToken
