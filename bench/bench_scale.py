@@ -1,6 +1,7 @@
 """Cost against input size, 1 KB to 100 MB, path by path: linear or not.
 
     python bench/bench_scale.py [--quick] [--paths NAME,...] [--max-mb N]
+    python bench/bench_scale.py --fourfold 32 --paths gateway-body
 
 Each path below runs at 1 KB, 10 KB, 100 KB, 1 MB, 10 MB and 100 MB of input
 (``--quick`` stops at 10 MB; ``--max-mb`` anywhere), each size in a fresh
@@ -30,8 +31,14 @@ text they decode to; for templates: of the file). Paths:
 * ``image-prompt``: an ``image_prompts`` prompt of that size matched by the
   K3 prompt pattern while rendering.
 * ``template-keys``: a template file with that many bytes of unknown keys,
-  checked (``xtml.chat.dialect.check_text``, as ``xtml validate``); past the
+  checked (``xtml.chat.template_file.check_text``, as ``xtml validate``); past the
   1 MiB template limit the file is refused at once.
+* ``gateway-body``: a request body collected by ``xtml serve``
+  (``Gateway._body``) from 64 KiB pieces, as uvicorn hands them over.
+
+``--fourfold MB`` runs each path at MB and at four times MB in the same run
+and prints the time of the larger over the smaller: about 4 for a linear
+path, 16 for a quadratic one.
 
 The request and parse size limit (``max_chars``) is lifted for the run.
 Results go to ``bench/results/scale.json``.
@@ -56,7 +63,7 @@ from typing import Any
 HERE = Path(__file__).parent
 SIZES_KB = [1, 10, 100, 1_000, 10_000, 100_000]
 PATHS = ["encode", "encode-one-message", "render", "normalize-parts", "parse-ids", "parse-text", "parse-ids-stray",
-         "parse-text-stray", "parse-text-bad-header", "image-prompt", "template-keys"]
+         "parse-text-stray", "parse-text-bad-header", "image-prompt", "template-keys", "gateway-body"]
 NEEDS_TOKENIZER = {"encode", "encode-one-message", "parse-ids", "parse-ids-stray"}
 
 
@@ -165,13 +172,37 @@ def build(path: str, size: int) -> tuple[Callable[[], Any], int]:
         req = {"messages": [{"role": "user", "content": [{"type": "image"}]}], "image_prompts": [prompt]}
         return (lambda: k3.render(req)), len(prompt.encode())
     if path == "template-keys":
-        from xtml.chat.dialect import builtin_files, check_text
+        from xtml.chat.template_file import builtin_files, check_text
 
         base = builtin_files()["kimi-k3"].read_text()
         line = "unknown_key_{} = 1\n"
         n = max(1, (size - len(base)) // len(line.format(1000)))
         text = base.replace("[template]\n", "[template]\n" + "".join(line.format(i) for i in range(n)), 1)
         return (lambda: check_text(text, "bench.toml")), len(text.encode())
+    if path == "gateway-body":
+        import asyncio
+        from types import SimpleNamespace
+
+        from xtml.serving.gateway import Gateway
+
+        block = b"x" * (64 << 10)
+        n = max(1, size // len(block))
+
+        async def collect() -> bytes | None:
+            left = n
+
+            async def receive() -> dict[str, Any]:
+                nonlocal left
+                left -= 1
+                return {"type": "http.request", "body": block, "more_body": left > 0}
+
+            async def send(message: Any) -> None:
+                raise AssertionError("the body was refused")
+
+            stub: Any = SimpleNamespace(max_body=n * len(block))
+            return await Gateway._body(stub, {"headers": []}, receive, send)
+
+        return (lambda: asyncio.run(collect())), n * len(block)
     raise SystemExit(f"unknown path {path!r}")
 
 
@@ -210,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default=",".join(PATHS), help="comma-separated paths (default: all)")
     ap.add_argument("--max-mb", type=float, default=None, help="largest size, in MB")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one size")
+    ap.add_argument("--fourfold", type=float, default=None, metavar="MB",
+                    help="only MB and four times MB, and the ratio of their times")
     ap.add_argument("--one", nargs=2, metavar=("PATH", "BYTES"), help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "results" / "scale.json"))
     args = ap.parse_args(argv)
@@ -218,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     top = args.max_mb * 1e6 if args.max_mb else (10e6 if args.quick else 100e6)
     sizes = [kb * 1000 for kb in SIZES_KB if kb * 1000 <= top]
+    if args.fourfold:
+        sizes = [int(args.fourfold * 1e6), int(4 * args.fourfold * 1e6)]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, list[dict[str, Any]]] = {}
     failed = False
@@ -243,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {row['bytes'] / 1e6:>9.3f} MB  {row['seconds']:9.4f} s  {row['s_per_mb']:8.3f} s/MB  "
                   f"peak +{row['peak_bytes'] / 1e6:9.1f} MB ({row['peak_multiple']:5.1f}x input){slope}",
                   flush=True)
+        if args.fourfold and len(rows) == 2:
+            print(f"  4x the input: x{rows[1]['seconds'] / rows[0]['seconds']:.2f} the time (linear: 4, "
+                  f"quadratic: 16)")
         results[path] = rows
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

@@ -3,7 +3,7 @@ token, at 1, 16 and 64 concurrent streams.
 
     .venv/bin/python bench/bench_serve.py [--quick]
 
-A stand-in vLLM (tests/backends.py, in its own process) answers scripted
+A stand-in vLLM (tests/helpers/engines.py, in its own process) answers scripted
 ids as fast as it can, one id per event; ``xtml serve`` (the command line,
 in its own process) sits in front of it. The same client (httpx, in this
 process) times four paths in the same run, in alternating rounds:
@@ -56,9 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import xtml  # noqa: E402
-from tests.backends import closed_port  # noqa: E402
-from tests.conftest import deepseek_path  # noqa: E402
-from xtml.serving.backends import VLLM, Generation  # noqa: E402
+from tests.helpers.engines import closed_port  # noqa: E402
+from tests.helpers.tokenizers import deepseek_path  # noqa: E402
+from xtml.serving.engines import VLLM, Generation  # noqa: E402
 
 REQUEST: dict[str, Any] = {
     "messages": [{"role": "system", "content": "You are a helpful assistant."},
@@ -110,7 +110,7 @@ def in_process_request_us(k3: xtml.Template, vocab: xtml.Vocabulary, answer: lis
     each after 1 ms of sleep, as a server answering one request at a time
     does; the tokenizer's call alone in the same two conditions shows what
     idle costs on this machine (its caches are others' meanwhile)."""
-    from xtml.serving.backends import dumps
+    from xtml.serving.engines import dumps
     from xtml.serving.gateway import Gateway
     from xtml.serving.openai import chat_completion
 
@@ -194,8 +194,8 @@ async def run(quick: bool) -> dict[str, Any]:
     long = k3.completion_ids(long_answer(150 if quick else 400), vocab)
     tmp = Path(tempfile.mkdtemp())
     (tmp / "answers.json").write_text(json.dumps([short, long]))
-    engine = start([sys.executable, "-m", "tests.backends", "--kind", "vllm", "--answers", str(tmp / "answers.json")],
-                   tmp / "engine.log")
+    engine = start([sys.executable, "-m", "tests.helpers.engines", "--kind", "vllm",
+                    "--answers", str(tmp / "answers.json")], tmp / "engine.log")
     procs = [engine]
     try:
         assert engine.stdout is not None
@@ -231,8 +231,8 @@ async def run(quick: bool) -> dict[str, Any]:
         relays = {}
         pids = {"direct": engine.pid, "gateway": gateway.pid}
         for client in ("httpx", "xtml"):
-            relay = start([sys.executable, "-m", "tests.backends", "--relay", backend, "--body", str(tmp / "body.json"),
-                           "--client", client], tmp / f"relay-{client}.log")
+            relay = start([sys.executable, "-m", "tests.helpers.engines", "--relay", backend,
+                           "--body", str(tmp / "body.json"), "--client", client], tmp / f"relay-{client}.log")
             procs.append(relay)
             assert relay.stdout is not None
             relays[client] = f"http://127.0.0.1:{int(relay.stdout.readline().split()[1])}/v1/chat/completions"

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import xtml
-from xtml.chat.dialect import builtin_files
+from xtml.chat.template_file import builtin_files
 
 BASES = [p.read_bytes() for p in dict.fromkeys(builtin_files().values())]
 REQUEST = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|open|>"},

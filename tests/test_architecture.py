@@ -22,7 +22,6 @@ LAYERS: dict[str, int] = {
     "vocab": 3,
     "codec": 4,
     "template": 5,
-    "exports": 6,
     "serving": 6,
     "training": 6,
     "testing": 6,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from pathlib import Path
@@ -10,21 +9,8 @@ from pathlib import Path
 import pytest
 
 import xtml
-from tests.conftest import deepseek_path
-from xtml.cli import main
-
-EXAMPLE = Path(__file__).parent.parent / "examples" / "chat.json"
-
-
-def run(argv: list[str], stdin: str = "", monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    old = sys.stdin, sys.stdout, sys.stderr
-    sys.stdin, sys.stdout, sys.stderr = io.StringIO(stdin), out, err
-    try:
-        code = main(argv)
-    finally:
-        sys.stdin, sys.stdout, sys.stderr = old
-    return code, out.getvalue(), err.getvalue()
+from tests.helpers.cli import EXAMPLE, run
+from tests.helpers.tokenizers import deepseek_path
 
 
 def test_render_example(k3: xtml.Template) -> None:
@@ -52,19 +38,55 @@ def test_ids_roundtrip_through_cli(tmp_path: Path) -> None:
     assert parsed == xtml.load().normalize(json.loads(EXAMPLE.read_text()))
 
 
-def test_tokens_view() -> None:
-    code, out, _ = run(["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers",
-                        "--format", "tokens"])
+def test_tokens_format_is_for_programs_and_inspect_for_people() -> None:
+    base = ["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers"]
+    code, ids, _ = run([*base, "--format", "ids"])
     assert code == 0
-    lines = out.splitlines()
+    code, tokens, _ = run([*base, "--format", "tokens"])
+    assert code == 0
+    # One token per line: its id, a tab, its piece as a JSON string; nothing else.
+    rows = [line.split("\t") for line in tokens.splitlines()]
+    assert all(len(r) == 2 for r in rows)
+    assert [int(r[0]) for r in rows] == json.loads(ids)
+    assert json.loads(rows[0][1]) == "<|open|>" and json.loads(rows[1][1]) == "message"
+    code, table, _ = run(["inspect", *base[1:]])
+    assert code == 0 and table != tokens
+    lines = table.splitlines()
     assert lines[0].startswith("── message 0 · system (tool-declare) · ")
     first = lines[1].split()
     assert first[0] == "0" and first[2] == "<|open|>"
-    assert "\x1b[" not in out  # not a terminal: no colour
-    code, ids, _ = run(["render", str(EXAMPLE), "--tokenizer", deepseek_path(), "--add-markers", "--format", "ids"])
-    rows = [ln.split() for ln in lines if ln[:7].strip().isdigit()]
-    assert [int(r[1]) for r in rows] == json.loads(ids)
-    assert lines[-1] == f"{len(rows)} tokens in {sum(ln.startswith('── message') for ln in lines)} messages"
+    assert "\x1b[" not in table  # not a terminal: no colour
+    shown = [ln.split() for ln in lines if ln[:7].strip().isdigit()]
+    assert [int(r[1]) for r in shown] == json.loads(ids)
+    assert lines[-1] == f"{len(shown)} tokens in {sum(ln.startswith('── message') for ln in lines)} messages"
+
+
+def test_a_marker_literal_is_named_as_the_user_wrote_it() -> None:
+    # The template adds its own messages first (tools, thinking effort): the
+    # warning still names the request's messages by their index in it.
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "a <|end_of_msg|> b"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "thinking": True}
+    code, _, err = run(["render", "-"], stdin=json.dumps(body))
+    assert code == 0
+    assert err.count("\n") == 1 and "the text of messages[1] holds" in err and "'<|end_of_msg|>'" in err
+    code, _, err = run(["render", "-"], stdin=json.dumps(body["messages"][1:]))
+    assert "the text of messages[0] holds" in err
+    tools = {"messages": [{"role": "user", "content": "hi"}],
+             "tools": [{"type": "function", "function": {"name": "f", "description": "<|close|>"}}]}
+    code, _, err = run(["render", "-"], stdin=json.dumps(tools))
+    assert "the template's own messages" in err and "messages[" not in err
+
+
+def test_a_missing_extra_names_what_to_install() -> None:
+    import subprocess
+
+    code = ("import sys; sys.modules['starlette'] = None; from xtml.cli import main; "
+            "sys.exit(main(['serve', '--backend', 'http://127.0.0.1:9', '--tokenizer', 'tok.json']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == ("xtml: error: xtml serve needs the serve extra (starlette is not installed): "
+                           "pip install 'xtml[serve]' (from a clone: pip install -e '.[serve]')\n")
 
 
 def test_parse_text_completion_lenient() -> None:

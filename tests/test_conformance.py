@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import xtml
-from tests.conftest import load_cases, request_of
+from tests.helpers.cases import load_cases, request_of
 
 VECTORS = load_cases("vectors.json")
 ERRORS = load_cases("errors.json")

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import xtml
-from tests.conftest import deepseek_path
-from tests.docs import run_examples, shown_on_page
+from tests.helpers.docs import run_examples, shown_on_page
+from tests.helpers.strategies import SLOW
+from tests.helpers.tokenizers import deepseek_path
 from xtml import testing as xt
 from xtml.chat.fields import request_options
 from xtml.codec.conversation import CONVERSATION_OPTIONS, ONE_SHOT_OPTIONS, Conversation
@@ -35,7 +36,6 @@ IMAGE_PROMPT = {
     "kimi-k3": "<|media_begin|>image 3x2<|media_content|><|media_pad|><|media_end|>",
     "xtml-base": "<|x_media|>image 3x2<|x_pad|><|x_media_end|>",
 }
-SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @cache
@@ -342,6 +342,38 @@ def test_truncate_and_copy() -> None:
     conv.truncate(0)
     assert conv.prompt_ids() == K3.encode({"messages": [], "tools": TOOLS}, vocab())
 
+
+def test_a_run_rendered_out_of_order_stays_right_through_later_changes() -> None:
+    """A run of results answered out of call order renders in call order:
+    its messages' ids are not in message order, through option changes,
+    copies, cuts inside the run and a continued final message."""
+    conv = K3.conversation(vocab(), tools=TOOLS)
+    conv.extend([{"role": "user", "content": "go"}, _calls("f", "g", "h"),
+                 {"role": "tool", "tool_call_id": "id_h", "content": "H"},
+                 {"role": "tool", "tool_call_id": "id_f", "content": "F"},
+                 {"role": "tool", "tool_call_id": "id_g", "content": "G"},
+                 {"role": "assistant", "content": "done"}])
+    _same(conv)
+    _same(conv, continue_final_message=True)
+    fork = conv.copy()
+    fork.set_options(thinking_effort="low")
+    _same(fork, continue_final_message=True)
+    conv.set_options(thinking=False)
+    _same(conv)
+    _same(fork)
+    conv.set_options(thinking=True)
+    fork.truncate(4)  # inside the run: H and F are left, F first
+    _same(fork)
+    fork.append({"role": "tool", "tool_call_id": "id_g", "content": "G2"})
+    _same(fork)
+    assert [m["content"] for m in fork.messages] == ["go", "", "H", "F", "G2"]
+    conv.append({"role": "user", "content": "more"})
+    _same(conv)
+    # The last message is G, the last rendered H: neither can be continued.
+    conv.truncate(5)
+    with pytest.raises(xtml.OptionError, match="continue_final_message"):
+        conv.prompt_ids(continue_final_message=True)
+    _same(conv)
 
 def test_appended_messages_are_copied() -> None:
     conv = K3.conversation(vocab())

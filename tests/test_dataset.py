@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import xtml
-from tests.conftest import deepseek_path, k3_vocab
-from tests.docs import run_examples
+from tests.helpers.docs import run_examples
+from tests.helpers.tokenizers import deepseek_path, k3_vocab
 from xtml.cli import main
 from xtml.training import IGNORE_INDEX, MapFunction, dataset
 

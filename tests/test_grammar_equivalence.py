@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import K3, MARKERS, PLACEHOLDER, documents, id_lists, vocab
+from tests.helpers.strategies import K3, MARKERS, PLACEHOLDER, documents, id_lists, vocab
 from xtml.errors import ParseError
 from xtml.markup import to_text
 from xtml.markup.header import parse_header

@@ -1,5 +1,5 @@
-"""The exported completion grammar (xtml.codec.completion), run by llguidance
-on a real 129k-id vocabulary.
+"""The exported completion grammar (planned and written by
+xtml.codec.completion), run by llguidance on a real 129k-id vocabulary.
 
 Every completion xtml renders for a generated request whose calls fit their
 tools' schemas is accepted token by token to an accepting end; a completion
@@ -15,8 +15,12 @@ and (translated to llguidance's syntax) the xgrammar export.
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -28,8 +32,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import xtml
-from tests.conftest import deepseek_path
-from tests.docs import run_examples
+from tests.helpers.docs import run_examples
+from tests.helpers.tokenizers import deepseek_path
 from xtml import testing as xt
 from xtml.cli import main
 from xtml.markup.header import escape
@@ -70,8 +74,20 @@ def cited() -> xtml.Template:
     return xtml.load(path)
 
 
-def matcher(grammar: str) -> llguidance.LLMatcher:
-    m = llguidance.LLMatcher(lltok(), grammar, log_level=0)
+@cache
+def lltok_own_eos() -> llguidance.LLTokenizer:
+    """llguidance's tokenizer of :func:`vocab` with an end of sequence of its
+    own (the xtml-base end marker, which no K3 grammar names), as an engine
+    whose model stops on a token other than the end marker sets it."""
+    return llguidance.LLTokenizer(vocab().tokenizer.to_str(), eos_token=own_eos())
+
+
+def own_eos() -> int:
+    return BASE.bind(vocab()).marker_ids[BASE.markers.end]
+
+
+def matcher(grammar: str, tokenizer: llguidance.LLTokenizer | None = None) -> llguidance.LLMatcher:
+    m = llguidance.LLMatcher(tokenizer or lltok(), grammar, log_level=0)
     assert not m.is_error(), m.get_error()
     return m
 
@@ -359,12 +375,25 @@ def test_every_rendered_completion_is_accepted(case: Case) -> None:
     ids = ids_of(ps)
     grammar = case.grammar()
     accepts(grammar, ids)
-    # Engines stop at the end marker and may strip it: the grammar then
-    # waits for it, and for nothing else.
-    m = matcher(grammar)
-    assert m.consume_tokens(ids[:-1]) and not m.is_accepting()
-    allowed = [i for i, v in enumerate(m.compute_logit_bias()) if v]
-    assert allowed == [ids[-1]]
+    # The end marker as the engine's end-of-sequence token (as llama.cpp
+    # hands llguidance a K3 model's end-of-turn token): allowed only where
+    # the grammar may end, and it may end at the message's close, where the
+    # end marker is then the one token allowed.
+    k3_end = K3.bind(vocab()).marker_ids[K3.markers.end]
+    marker_is_eos, separate = (lltok(), lltok_own_eos()) if case.tpl is K3 else (lltok_own_eos(), lltok())
+    eos = own_eos() if case.tpl is K3 else k3_end
+    m = matcher(grammar, marker_is_eos)
+    assert m.consume_tokens(ids[:-1]) and m.is_accepting()
+    assert [i for i, v in enumerate(m.compute_logit_bias()) if v] == [ids[-1]]
+    assert m.validate_tokens(ids[-1:]) == 1
+    # An end of sequence of the engine's own: the end marker is a grammar
+    # token (or the engine's own token ends the answer there), and after it
+    # only the engine's own token.
+    own = matcher(grammar, separate)
+    assert own.consume_tokens(ids[:-1]) and own.is_accepting()
+    assert sorted(i for i, v in enumerate(own.compute_logit_bias()) if v) == sorted([ids[-1], eos])
+    assert own.consume_token(ids[-1]) and own.is_accepting()
+    assert [i for i, v in enumerate(own.compute_logit_bias()) if v] == [eos]
 
 
 def test_marker_text_stays_text() -> None:
@@ -545,54 +574,31 @@ def test_refusals_inside_argument_values(kind: str, case: Case, data: st.DataObj
     assert refused_at(grammar, ids_of(bad)) == want
 
 
-SCHEMA_FEATURES = {
-    "type": "object",
-    "$defs": {"unit": {"enum": ["c", "f"]}, "point": {"type": "object", "properties": {
-        "x": {"type": "number"}, "y": {"type": "number"}}, "required": ["x", "y"]}},
-    "properties": {
-        "unit": {"$ref": "#/$defs/unit"},
-        "where": {"$ref": "#/$defs/point"},
-        "same": {"$ref": "#/properties/unit"},
-        "id": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 3}]},
-        "kind": {"const": "fixed"},
-        "maybe": {"type": ["boolean", "null"]},
-        "both": {"allOf": [{"type": "string"}, {"enum": ["a", "b", 7]}]},
-        "short": {"type": "string", "minLength": 1, "maxLength": 4},
-        "list": {"type": "array", "items": {"$ref": "#/$defs/unit"}},
-    },
-    "required": ["kind"], "additionalProperties": False,
-}
+SCHEMA_CASES = json.loads((Path(__file__).parent / "data" / "cases" / "grammar-schema.json").read_text(
+    encoding="utf-8"))
 
 
-@pytest.mark.parametrize("args, bad", [
-    ({"kind": "fixed"}, None),
-    ({"unit": "f", "kind": "fixed", "where": {"x": 1, "y": 2.5}, "same": "c"}, None),
-    ({"id": 12, "kind": "fixed", "maybe": None, "both": "b", "short": "abcd", "list": ["c", "f"]}, None),
-    ({"id": "abc", "kind": "fixed", "maybe": True}, None),
-    ({"kind": "fixed", "unit": "k"}, "k"),
-    ({"kind": "fixed", "same": "k"}, "k"),
-    ({"kind": "fixed", "id": "abcd"}, "abcd"),
-    ({"kind": "fixed", "id": -1}, "-1"),
-    ({"kind": "loose"}, "loose"),
-    ({"kind": "fixed", "short": "abcde"}, "abcde"),
-    ({"kind": "fixed", "both": "c"}, "c"),
-    ({"kind": "fixed", "where": {"x": 1}}, '{"x": 1}'),
-    ({"kind": "fixed", "list": ["c", "x"]}, '["c", "x"]'),
-])
-def test_schema_features(args: dict[str, Any], bad: str | None) -> None:
-    """References (to $defs and elsewhere), anyOf, const, type lists, allOf,
-    lengths and nested values: a call that fits is accepted, a value that
-    does not is refused inside its own text."""
-    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA_FEATURES}}
+def _schema_call(args: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA_CASES["schema"]}}
     history = {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "thinking": False}
     message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": args}}]}
-    ps = pieces(K3, history, message)
+    return history, pieces(K3, history, message)
+
+
+@pytest.mark.parametrize("args", SCHEMA_CASES["accept"])
+def test_schema_features_accept(args: dict[str, Any]) -> None:
+    """A call that fits the schema is accepted, by both formats."""
+    history, ps = _schema_call(args)
+    accepts(K3.completion_grammar(history, vocab()), ids_of(ps))
+    accepts(ebnf_to_lark(K3.completion_grammar(history, vocab(), format="xgrammar", max_calls=2)), ids_of(ps))
+
+
+@pytest.mark.parametrize("case", SCHEMA_CASES["refuse"], ids=[c["refused_in"] for c in SCHEMA_CASES["refuse"]])
+def test_schema_features_refuse(case: dict[str, Any]) -> None:
+    """A value that does not fit is refused inside its own text."""
+    history, ps = _schema_call(case["arguments"])
     grammar = K3.completion_grammar(history, vocab())
-    if bad is None:
-        accepts(grammar, ids_of(ps))
-        accepts(ebnf_to_lark(K3.completion_grammar(history, vocab(), format="xgrammar", max_calls=2)), ids_of(ps))
-        return
-    k = find(ps, [bad])
+    k = find(ps, [case["refused_in"]])
     assert offset(ps, k) <= refused_at(grammar, ids_of(ps)) <= offset(ps, k + 1)
 
 
@@ -897,6 +903,46 @@ def test_a_schema_nested_past_the_recursion_limit_is_a_request_error(depth: int)
     with pytest.raises(xtml.RequestError, match=r"nested too deeply|recursion depth") as e:
         K3.completion_grammar(req)
     assert e.value.location == "tools"
+
+
+WRITERS = ("xtml.codec.completion.llguidance", "xtml.codec.completion.xgrammar", "xtml.codec.completion.writer")
+
+
+def _exports_loaded(code: str) -> list[str]:
+    """The grammar writers loaded in a fresh interpreter that ran ``code``."""
+    script = code + f"\nimport sys\nprint(sorted(m for m in sys.modules if m in {WRITERS!r}))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = ast.literal_eval(done.stdout.strip())
+    return loaded
+
+
+def test_import_xtml_loads_no_grammar_writer() -> None:
+    assert _exports_loaded("import xtml, xtml.cli.main\nxtml.load('kimi-k3')") == []
+
+
+@pytest.mark.parametrize(("fmt", "other"), [("llguidance", "xgrammar"), ("xgrammar", "llguidance")])
+def test_asking_for_a_format_loads_its_writer_only(tiny_tokenizer: str, fmt: str, other: str) -> None:
+    code = (f"import xtml\nk3 = xtml.load('kimi-k3')\n"
+            f"vocab = xtml.load_tokenizer({tiny_tokenizer!r}, add_special_tokens=k3.markers.all())\n"
+            f"k3.completion_grammar({{'messages': [{{'role': 'user', 'content': 'hi'}}]}}, vocab, format={fmt!r})")
+    loaded = _exports_loaded(code)
+    assert f"xtml.codec.completion.{fmt}" in loaded and f"xtml.codec.completion.{other}" not in loaded
+
+
+def test_a_writer_refuses_a_plan_made_for_the_other_format() -> None:
+    from xtml.codec.completion import completion_plan
+    from xtml.codec.completion import llguidance as lark_writer
+    from xtml.codec.completion import xgrammar as ebnf_writer
+
+    req = {"messages": [{"role": "user", "content": "hi"}]}
+    plan = completion_plan(K3.dialect, K3.bind(vocab()), req, format="xgrammar")
+    assert ebnf_writer.write(plan) == K3.completion_grammar(req, vocab(), format="xgrammar")
+    with pytest.raises(xtml.OptionError, match="spelled for xgrammar, not llguidance"):
+        lark_writer.write(plan)
+    with pytest.raises(xtml.OptionError, match="spelled for llguidance, not xgrammar"):
+        ebnf_writer.write(completion_plan(K3.dialect, None, req))
 
 
 def test_docs_examples_run() -> None:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +23,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xtml
-import xtml.chat.dialect as dialect_mod
 import xtml.chat.request as request_module
-from xtml.chat.dialect import (
+import xtml.chat.template_file as dialect_mod
+from xtml.chat.dialect import Body
+from xtml.chat.keys import KeyIndex
+from xtml.chat.request import MAX_CHARS, _walk_size, request_size
+from xtml.chat.template_file import (
     MAX_NESTING,
     MAX_PROBLEMS,
     MAX_STRING_CHARS,
     MAX_TEMPLATE_BYTES,
-    Body,
-    KeyIndex,
     builtin_files,
     check_text,
 )
-from xtml.chat.regex_check import RegexRisk, check_pattern
-from xtml.chat.request import MAX_CHARS, _walk_size, request_size
 from xtml.markup import reference as grammar
 from xtml.markup.parse import QUOTE_LIMIT, build, excerpt, lex_text
 from xtml.template import Template
@@ -93,7 +91,7 @@ def test_render_and_strict_text_parse_of_two_megabytes(big: tuple[dict[str, Any]
 
 
 def test_encode_and_parse_ids_of_two_megabytes(big: tuple[dict[str, Any], str]) -> None:
-    from tests.conftest import k3_vocab
+    from tests.helpers.tokenizers import k3_vocab
 
     req, _ = big
     vocab = k3_vocab()
@@ -249,10 +247,16 @@ def test_errors_quote_at_most_a_few_dozen_characters(lenient: bool) -> None:
 
 
 def test_excerpt() -> None:
+    """Quoted input is cut to a bounded length and says how long it was; a
+    string is cut before it is quoted (its repr costs as much as it)."""
     assert excerpt("abc") == "'abc'"
     cut = excerpt("x" * 1000)
-    assert cut.endswith("…") and len(cut) == QUOTE_LIMIT + 2
-    assert len(excerpt(list(range(1000)))) == QUOTE_LIMIT
+    assert cut == repr("x" * QUOTE_LIMIT) + "… (1,000 characters)"
+    shown = excerpt(list(range(1000)))
+    assert shown.startswith(repr(list(range(1000)))[:QUOTE_LIMIT]) and shown.endswith("characters)")
+    assert len(shown) < QUOTE_LIMIT + 30
+    big = "y" * 50_000_000
+    assert len(excerpt(big)) < QUOTE_LIMIT + 30
 
 
 def test_template_problems_quote_little() -> None:
@@ -290,69 +294,94 @@ def test_key_index_agrees_with_a_plain_search() -> None:
     assert index.locate("nope.at.all") is None
 
 
-# -- regression: template regular expressions that backtrack ---------------------------------
+# -- media prompts: formats that read one way, never a template's regular expression ---------
 
-GOOD = [
-    r"^<\|media_begin\|>image (?P<width>[0-9]+)x(?P<height>[0-9]+)<\|media_content\|>(?:<\|media_pad\|>)*"
-    r"<\|media_end\|>$",
-    r"^[0-9]+x[0-9]+$", r"^\d+\.\d+$", r"^\w+\s\w+$", r"^.*$", r"(?!)", r"^(?:ab|cd)+$", r"^(?:a|bc)+$",
-    r"(?:[0-9]+,)*[0-9]+", r"^a{2,5}b$", r"(?i)^img\d+$", r"^x(?=y)y", r"^[^,]*,[^,]*$",
-]
-BAD = [
-    (r"^(a|aa)+$", "two ways"), (r"^(a+)+$", "two ways"), (r"(a*)*b", "two ways"), (r"(a|a)*b", "two ways"),
-    (r"^(\w+\s?)*$", "two ways"), (r"^(?:a{1,3})+$", "two ways"), (r".*x.*y", "quadratic"),
-    (r"^\d+\d+$", "quadratic"), (r"^(.*),(.*)$", "quadratic"), (r"\s*\w*\s*x", "quadratic"),
-    (r"(a)\1", "backreference"), (r"(?P<n>a)(?P=n)", "backreference"), (r"(a)?(?(1)b|c)", "backreference"),
-    (r"(?=.*x)", "lookahead"), (r"(?:a{1000}){1000}", "too large"),
-]
+K3_PROMPT = "<|media_begin|>image {width}x{height}<|media_content|>{pads}<|media_end|>"
+OLD_K3_PROMPT = (r"^<\|media_begin\|>image (?P<width>[0-9]+)x(?P<height>[0-9]+)<\|media_content\|>"
+                 r"(?:<\|media_pad\|>)*<\|media_end\|>$")
 
 
-@pytest.mark.parametrize("pattern", GOOD)
-def test_linear_patterns_pass(pattern: str) -> None:
-    check_pattern(pattern)
-
-
-@pytest.mark.parametrize("pattern, why", BAD)
-def test_backtracking_patterns_are_refused(pattern: str, why: str) -> None:
-    with pytest.raises(RegexRisk, match=why):
-        check_pattern(pattern)
-
-
-def _with_prompt(tmp_path: Path, pattern: str) -> Path:
-    text = re.sub(r"(?m)^prompt = '.*'$", lambda _: f"prompt = '{pattern}'", K3_TEXT, count=1)
+def _with_image(tmp_path: Path, lines: str) -> Path:
+    """K3 with its image prompt and pad lines replaced by ``lines``."""
+    text, n = re.subn(r'(?m)^prompt = ".*"\npad = ".*"$', lambda _: lines, K3_TEXT, count=1)
+    assert n == 1
     path = tmp_path / "t.toml"
     path.write_text(text, encoding="utf-8")
     return path
 
 
-def test_template_with_a_backtracking_prompt_is_refused(tmp_path: Path) -> None:
-    path = _with_prompt(tmp_path, "^(a|aa)+$")
-    line = next(i for i, s in enumerate(path.read_text().splitlines(), 1) if s.startswith("prompt ="))
-    with pytest.raises(xtml.TemplateError, match="grows faster than its input") as e:
+def _line_of(path: Path, start: str) -> int:
+    return next(i for i, s in enumerate(path.read_text().splitlines(), 1) if s.startswith(start))
+
+
+def test_a_regex_prompt_is_refused_with_the_format_to_write(tmp_path: Path) -> None:
+    path = _with_image(tmp_path, f"prompt = '{OLD_K3_PROMPT}'")
+    line = _line_of(path, "prompt =")
+    with pytest.raises(xtml.TemplateError) as e:
         xtml.load(path)
     assert f"{path}:{line}:1: plugins.image.prompt" in str(e.value)
+    assert "not a regular expression" in e.value.msg
+    assert f'prompt = "{K3_PROMPT}" and pad = "<|media_pad|>"' in e.value.msg
     report = validate(path, examples=0)
     assert [(f.line, f.key) for f in report.findings] == [(line, "plugins.image.prompt")]
+    # What the message says to write loads, and is what K3 ships.
+    fixed = _with_image(tmp_path, f'prompt = "{K3_PROMPT}"\npad = "<|media_pad|>"')
+    assert xtml.load(fixed).dialect.image_prompt.pattern == xtml.load().dialect.image_prompt.pattern
 
 
-def test_shipped_templates_pass_the_regex_check() -> None:
+def test_a_regex_prompt_with_another_pad_names_the_pad_to_write(tmp_path: Path) -> None:
+    path = _with_image(tmp_path, f"prompt = '{OLD_K3_PROMPT}'\npad = \"<|media_content|>\"")
+    with pytest.raises(xtml.TemplateError, match=r'pad = "<\|media_pad\|>" \(not "<\|media_content\|>"\)'):
+        xtml.load(path)
+
+
+@pytest.mark.parametrize("pattern", [r"^(a|aa)+$", r"^<\|media_begin\|>image \d+x\d+(?:<\|media_pad\|>)*$",
+                                     r"(?P<width>[0-9]+)x(?P<height>[0-9]+)(?:a|b)*"])
+def test_a_regex_prompt_without_a_format_equivalent_is_refused(tmp_path: Path, pattern: str) -> None:
+    path = _with_image(tmp_path, f"prompt = '{pattern}'\npad = \"<|media_pad|>\"")
+    line = _line_of(path, "prompt =")
+    with pytest.raises(xtml.TemplateError, match=r"a format, not a regular expression: write the prompt as the "
+                       r"processor writes it, with \{width\}, \{height\} and \{pads\}") as e:
+        xtml.load(path)
+    assert f"{path}:{line}:1: plugins.image.prompt" in str(e.value)
+
+
+def test_the_former_size_prompt_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = _with_image(tmp_path, f'prompt = "{K3_PROMPT}"\npad = "<|media_pad|>"\nsize_prompt = "{K3_PROMPT}"')
+    line = _line_of(path, "size_prompt =")
+    with pytest.raises(xtml.TemplateError, match="write_prompts = true") as e:
+        xtml.load(path)
+    assert f"{path}:{line}:1: plugins.image.size_prompt" in str(e.value)
+
+
+@pytest.mark.parametrize("prompt, pad, key", [
+    ("<|media_begin|>{width}{height}{pads}<|media_end|>", "<|media_pad|>", "prompt"),
+    ("<|media_begin|>{width}5x{height}{pads}<|media_end|>", "<|media_pad|>", "prompt"),
+    ("<|media_begin|>{width}x{height}.{pads}<|media_end|>", "<|media_pad|>", "prompt"),
+    ("<|media_begin|>{width}x{height}<|media_content|>{pads}", "1", "pad"),
+])
+def test_prompt_formats_that_read_two_ways_are_refused(tmp_path: Path, prompt: str, pad: str, key: str) -> None:
+    path = _with_image(tmp_path, f'prompt = "{prompt}"\npad = "{pad}"')
+    with pytest.raises(xtml.TemplateError, match="digit or a point") as e:
+        xtml.load(path)
+    assert f"{path}:{_line_of(path, key + ' =')}:1: plugins.image.{key}" in str(e.value)
+
+
+def test_prompt_patterns_read_hostile_prompts_in_linear_time() -> None:
+    import time
+
     for name in ("kimi-k3", "xtml-base"):
-        check_pattern(xtml.load(name).dialect.image_prompt.pattern)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(alphabet="ab()[]|*+?{},.^$\\dws-:=!<>P1", max_size=20))
-def test_check_pattern_ends_in_a_verdict(pattern: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # "possible nested set" and the like
-        try:
-            re.compile(pattern)
-        except (re.error, OverflowError, RecursionError):
-            return
-        try:
-            check_pattern(pattern)
-        except RegexRisk:
-            pass
+        pattern = xtml.load(name).dialect.image_prompt
+        n = 200_000
+        # Long numbers, a number where the pads go, pads where the end goes:
+        # each fails late, and would backtrack under a pattern that reads
+        # the text two ways.
+        for text in ("<|media_begin|>image " + "1" * n + "x" + "1" * n + "<|media_content|>" + "<|media_pad|>" * n,
+                     "<|x_media|>image " + "9" * n + "x" + "9" * n + "<|x_pad|>" * n + "<|x_media_end|>!",
+                     "<|media_begin|>image 2x2<|media_content|>" + "<|media_pad|>" * n + "<|media_pad|"):
+            start = time.perf_counter()
+            assert pattern.match(text) is None
+            assert time.perf_counter() - start < 2.0
 
 
 # -- internal message bodies: matched without a regular expression ----------------------------

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import xtml
 import xtml.template
-from xtml.chat.dialect import builtin_files
+from xtml.chat.template_file import builtin_files
 from xtml.cli import main
 from xtml.markup.segments import Segment
 from xtml.training import dataset
@@ -376,7 +376,9 @@ def test_cli_warns_on_ambiguous_text(tmp_path: Path) -> None:
     code, out, err = run(["render", str(src)])
     assert code == 0 and out == K3.render(json.loads(src.read_text())).text + "\n"
     one_line(err, "xtml: warning: ")
-    assert "message 3 of the output" in err and "'<|end_of_msg|>'" in err  # 0 is the thinking-effort message
+    # Named as the user wrote it: the template's thinking-effort message
+    # before it is not counted.
+    assert "messages[2]" in err and "'<|end_of_msg|>'" in err
     for fmt in ("segments",):
         code, _, err = run(["render", str(src), "--format", fmt])
         assert code == 0 and err == ""
@@ -445,7 +447,7 @@ def test_cli_warning_iff_a_literal_is_in_the_text(tmp_path: Path, text: str) -> 
     code, _, err = run(["render", str(src), "--thinking", "false"])
     assert code == 0
     if any(m in text for m in K3.markers.all()):
-        one_line(err, "xtml: warning: the text of message 0 of the output")
+        one_line(err, "xtml: warning: the text of messages[0] ")
     else:
         assert err == ""
 
@@ -562,8 +564,8 @@ def test_plugin_errors_name_their_distribution(site: Path) -> None:
     fake_distribution(site, "xtml-notaplugin", "notaplugin", value="xtml_notaplugin:pathlib")
     fake_distribution(site, "xtml-twin-a", "twin")
     fake_distribution(site, "xtml-twin-b", "twin")
-    fake_distribution(site, "xtml-own-think", "think")
-    names = ["interrupted", "broken", "notaplugin", "twin", "think", "image"]
+    fake_distribution(site, "xtml-own-video", "video")
+    names = ["interrupted", "broken", "notaplugin", "twin", "video", "image"]
     env = {**os.environ, "PYTHONPATH": str(site), "XTML_TRACE": str(site.parent / "trace")}
     p = subprocess.run([PYTHON, "-c", SCRIPT, *names], capture_output=True, cwd=site.parent, timeout=120,
                        check=False, env=env)
@@ -574,7 +576,7 @@ def test_plugin_errors_name_their_distribution(site: Path) -> None:
     assert "ModuleNotFoundError" in got["broken"][1]
     assert "distribution 'xtml-notaplugin'" in got["notaplugin"][1] and "is not a plugin" in got["notaplugin"][1]
     assert "'xtml-twin-a'" in got["twin"][1] and "'xtml-twin-b'" in got["twin"][1]
-    assert got["think"][0] == "ok" and "'xtml-own-think' is ignored" in got["think"][1]
+    assert got["video"][0] == "ok" and "'xtml-own-video' is ignored" in got["video"][1]
     assert got["image"] == ["ok"]
     imported = {f.name for f in (site.parent / "trace").iterdir()}
     assert imported == {"xtml_interrupted", "xtml_broken", "xtml_notaplugin"}  # not the twins, not the shadow

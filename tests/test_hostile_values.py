@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 import xtml
 import xtml.plugins
 import xtml.testing as xt
-from tests.conftest import deepseek_path, k3_vocab
-from tests.test_cli import run
-from tests.test_plugins import user, wav
-from xtml.chat.dialect import builtin_files
+from tests.helpers.cli import run
+from tests.helpers.media import user, wav
+from tests.helpers.tokenizers import deepseek_path, k3_vocab
+from xtml.chat.template_file import builtin_files
 from xtml.markup.header import escape, int_value, number_value
 from xtml.markup.segments import Segment
 from xtml.markup.sink import MarkupSink

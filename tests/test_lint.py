@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.helpers.need import need
 
 ROOT = Path(__file__).parent.parent
 
 
 def _tool(name: str) -> list[str]:
-    if shutil.which(name) is None and not (Path(sys.executable).parent / name).exists():
-        pytest.skip(f"{name} is not installed (pip install -e '.[test]')")
-    exe = Path(sys.executable).parent / name
-    return [str(exe) if exe.exists() else name]
+    return [need(name, "tests/run (installs the test extras)")]
 
 
 def test_mypy_strict() -> None:

@@ -20,9 +20,8 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import xtml
-from tests.docs import run_examples, shown_on_page
-from tests.strategies import K3, assistant_messages, vocab
-from tests.test_properties import SLOW
+from tests.helpers.docs import run_examples, shown_on_page
+from tests.helpers.strategies import K3, SLOW, assistant_messages, vocab
 from xtml import testing as xt
 from xtml.serving import openai as shapes
 
@@ -299,12 +298,19 @@ def test_an_end_marker_after_content_is_not_an_empty_completion() -> None:
     assert "the completion is empty" not in [d["message"] for d in parsed["diagnostics"]]
 
 
-def test_a_response_left_open_before_tools_still_yields_the_call() -> None:
+def test_a_call_after_a_response_left_open_is_read_from_ids_and_withheld_from_text() -> None:
+    """In text, the tools markup may be quoted from user text (a web page the
+    model echoes): a call that exists only because the open response was
+    repaired is withheld unless asked for; ids have no such ambiguity."""
     text = f"hi{OPEN}tools{SEP}" + call("f", 1, [("a", "string", "x")]) + f"{CLOSE}tools{SEP}{CLOSE}message{SEP}{END}"
     got = shapes.shape_message(K3.parse(text, completion=True, lenient=True, thinking=False))
-    assert got.message.get("tool_calls") and got.message["content"] == "hi"
-    assert got.diagnostics
-    check(K3.completion_ids(text, vocab()), False)
+    assert not got.message.get("tool_calls") and got.message["content"] == "hi"
+    assert "withheld-call" in [d["kind"] for d in got.diagnostics]
+    opted = shapes.shape_message(K3.parse(text, completion=True, lenient=True, thinking=False, repaired_calls=True))
+    assert opted.message.get("tool_calls") and opted.message["content"] == "hi"
+    ids = K3.completion_ids(text, vocab())
+    assert K3.parse(ids, vocab(), completion=True, lenient=True, thinking=False).get("tool_calls")
+    check(ids, False)
 
 
 def test_a_huge_number_argument_is_kept_as_a_string() -> None:

@@ -7,7 +7,6 @@ import base64
 import io
 import json
 import math
-import wave
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,9 +18,10 @@ from hypothesis import strategies as st
 import xtml
 import xtml.plugins
 import xtml.testing as xt
-from tests.conftest import deepseek_path
-from tests.test_cli import run
-from xtml.chat.dialect import builtin_files
+from tests.helpers.cli import run
+from tests.helpers.media import user, wav
+from tests.helpers.tokenizers import deepseek_path
+from xtml.chat.template_file import builtin_files
 from xtml.markup.sink import MarkupSink
 from xtml.plugins import ContentExtension, Context
 from xtml.plugins.media import Grid
@@ -51,20 +51,6 @@ def png(width: int, height: int) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (width, height)).save(buf, "PNG")
     return buf.getvalue()
-
-
-def wav(seconds: float, rate: int = 8000) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(b"\0\0" * round(seconds * rate))
-    return buf.getvalue()
-
-
-def user(*parts: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "look:"}, *parts]}]}
 
 
 def roundtrip(t: xtml.Template, req: dict[str, Any], vocab: xtml.Vocabulary) -> dict[str, Any]:
@@ -387,11 +373,13 @@ def test_declared_attributes_are_checked_both_ways(tmp_path: Path) -> None:
 
 def test_local_files_when_allowed(tmp_path: Path) -> None:
     t = files_allowed(tmp_path)
-    with pytest.raises(xtml.MessageError, match="image file not found"):
+    with pytest.raises(xtml.MessageError, match="image file not found") as missing:
         t.render(user({"type": "image", "image": str(tmp_path / "none.png")}))
     (tmp_path / "x.txt").write_text("not an image")
-    with pytest.raises(xtml.MessageError, match=r"x\.txt is not an image format"):
+    with pytest.raises(xtml.MessageError, match="image file not found") as not_an_image:
         t.render(user({"type": "image", "image": str(tmp_path / "x.txt")}))
+    # One message for both: an error must not tell which paths exist.
+    assert str(missing.value).replace("none.png", "x.txt") == str(not_an_image.value)
 
 
 def test_plugin_attribute_values_must_be_strings(tmp_path: Path) -> None:
@@ -404,11 +392,39 @@ def test_plugin_attribute_values_must_be_strings(tmp_path: Path) -> None:
         t.render([{"role": "user", "content": [{"type": "pin"}]}])
 
 
+@pytest.mark.parametrize("lines, key, message", [
+    ('placeholder = "<|kimi_image_placeholder|>"\npad = "<|media_pad|>"', "pad", "pad goes with prompt"),
+    ('placeholder = "<|kimi_image_placeholder|>"\nprompt = "<|media_begin|>image {width}x{height}{pads}"',
+     "pad", "pad must be a non-empty string"),
+    ('placeholder = "<|kimi_image_placeholder|>"\nwrite_prompts = true', "write_prompts", "needs prompt"),
+    ('placeholder = "<|kimi_image_placeholder|>"\npatch_size = 16', "patch_size", "write_prompts = true"),
+    ('placeholder = "<|kimi_image_placeholder|>"\nprompt = "<|media_begin|>image {width}<|media_end|>"\n'
+     'pad = "<|media_pad|>"', "prompt", r"\{height\}, \{pads\}, \{width\} once"),
+])
+def test_image_prompt_settings_are_checked_by_the_plugin(tmp_path: Path, lines: str, key: str, message: str) -> None:
+    start, end = K3_TEXT.index("[plugins.image]\n"), K3_TEXT.index("[json_fallback]")
+    path = tmp_path / "t.toml"
+    path.write_text(K3_TEXT[:start] + "[plugins.image]\n" + lines + "\n\n" + K3_TEXT[end:], encoding="utf-8")
+    with pytest.raises(xtml.TemplateError, match=message) as e:
+        xtml.load(path)
+    assert e.value.location is not None and e.value.location.endswith(f"plugins.image.{key}")
+
+
+def test_k3_image_prompts_are_of_its_format() -> None:
+    t = xtml.load()
+    ok = "<|media_begin|>image 2x2<|media_content|>" + "<|media_pad|>" * 3 + "<|media_end|>"
+    req = user({"type": "image"}) | {"image_prompts": [ok]}
+    assert ok in t.render(req).text
+    for bad in (ok + "\n", ok[:-1], ok.replace("2x2", "2x"), ok.replace("<|media_pad|>", "<|media_content|>"),
+                "<|kimi_image_placeholder|>"):
+        with pytest.raises(xtml.OptionError, match="not an image prompt of this format"):
+            t.render(user({"type": "image"}) | {"image_prompts": [bad]})
+
+
 def test_k3_can_write_processor_prompts_when_sizes_are_known(tmp_path: Path, vocab: xtml.Vocabulary) -> None:
     path = tmp_path / "k3-sized.toml"
-    path.write_text(K3_TEXT.replace("[plugins.image]\n", "[plugins.image]\n"
-                                    'size_prompt = "<|media_begin|>image {width}x{height}<|media_content|>{pads}'
-                                    '<|media_end|>"\npad = "<|media_pad|>"\n'), encoding="utf-8")
+    path.write_text(K3_TEXT.replace("[plugins.image]\n", "[plugins.image]\nwrite_prompts = true\n"),
+                    encoding="utf-8")
     t = xtml.load(path)
     req = user({"type": "image_url", "image_url": {"url": "https://x/cat.png"}, "width": 1024, "height": 768})
     text = t.render(req).text

@@ -22,14 +22,16 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 import xtml
-from tests.strategies import (
+from tests.helpers.strategies import (
     K3,
     MARKERS,
+    SLOW,
     assistant_messages,
+    completion_of,
     has_adjacent_text,
     id_lists,
     junk,
@@ -42,7 +44,6 @@ from tests.strategies import (
 from xtml import testing as xt
 
 k3 = K3
-SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def _encode(body: dict[str, Any], kwargs: dict[str, Any]) -> list[int]:
@@ -289,28 +290,10 @@ def test_python_values_in_json_fields_round_trip_or_are_refused(value: Any, wher
 
 # -- 6. completions ------------------------------------------------------------------
 
-CONV = [{"role": "user", "content": "hi"}]
-
-
-def _completion_case(m: dict[str, Any], thinking: bool, tools: bool) -> tuple[list[int], dict[str, Any]]:
-    extra: dict[str, Any] = {"thinking": thinking}
-    if tools:
-        extra["tools"] = [{"type": "function", "function": {"name": "f"}}]
-    full = k3.encode([*CONV, m], vocab(), add_generation_prompt=False, **extra)
-    prefix = k3.encode(CONV, vocab(), add_generation_prompt=True, **extra)
-    assert full[: len(prefix)] == prefix, "the generation prompt is not a prefix of the rendered message"
-    expected = k3.normalize([*CONV, m], add_generation_prompt=False, **extra)["messages"][-1]
-    # A completion is read on its own: its calls are numbered as message 0.
-    for k, c in enumerate(expected.get("tool_calls", ()), start=1):
-        assert c["id"] == f"call_{len(CONV)}_{k}"
-        c["id"] = f"call_0_{k}"
-    return full[len(prefix):], expected
-
-
 @SLOW
 @given(assistant_messages(images=False, name=False), st.booleans(), st.booleans())
 def test_completion_parse(m: dict[str, Any], thinking: bool, tools: bool) -> None:
-    comp, expected = _completion_case(m, thinking, tools)
+    comp, expected = completion_of(m, thinking, tools)
     end = marker_ids()[k3.markers.end]
     assert comp[-1] == end
     for ids in (comp, comp[:-1]):
@@ -328,7 +311,7 @@ def test_completion_parse(m: dict[str, Any], thinking: bool, tools: bool) -> Non
 @SLOW
 @given(assistant_messages(images=False, name=False), st.booleans(), st.data())
 def test_truncated_completion(m: dict[str, Any], thinking: bool, data: st.DataObject) -> None:
-    comp, expected = _completion_case(m, thinking, False)
+    comp, expected = completion_of(m, thinking, False)
     cut = data.draw(st.integers(1, len(comp)), label="cut")  # cut 0: test_empty_completion_is_flagged
     ids = comp[:cut]
     out = k3.parse(ids, vocab(), completion=True, thinking=thinking, lenient=True)
@@ -359,7 +342,7 @@ def test_truncated_completion_keeps_what_was_complete(m: dict[str, Any], thinkin
                                                       data: st.DataObject) -> None:
     """Best effort: text already generated is not lost, i.e. the truncated
     parse's reasoning/content are prefixes of the full ones."""
-    comp, expected = _completion_case(m, thinking, False)
+    comp, expected = completion_of(m, thinking, False)
     cut = data.draw(st.integers(0, len(comp)), label="cut")
     out = k3.parse(comp[:cut], vocab(), completion=True, thinking=thinking, lenient=True)
     for key in ("reasoning_content", "content"):

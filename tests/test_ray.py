@@ -16,8 +16,9 @@ from xtml.training import MapFunction
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
-# Ray warns about its own deprecated settings when it starts.
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# Starting Ray takes most of a minute, so this is a load test; Ray warns
+# about its own deprecated settings when it starts.
+pytestmark = [pytest.mark.load, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 K3 = xtml.load("kimi-k3")
 

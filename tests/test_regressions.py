@@ -63,7 +63,7 @@ def _custom(**changes: object) -> xtml.Template:
     import tomllib
     from importlib import resources
 
-    from xtml.chat.dialect import from_dict
+    from xtml.chat.template_file import from_dict
 
     base = tomllib.loads(resources.files("xtml.dialects").joinpath("kimi-k3.toml").read_text(encoding="utf-8"))
     for path, value in changes.items():

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import xtml
-from tests.docs import run_examples
-from tests.strategies import K3, vocab
+from tests.helpers.docs import run_examples
+from tests.helpers.strategies import K3, vocab
 from xtml import testing as xt
 from xtml.chat import fields
 from xtml.chat.fields import FIELDS, IGNORED, PROMPT, REFUSED, function_tool
@@ -455,7 +455,7 @@ def test_openai_sdk_tool_objects(k3: xtml.Template) -> None:
 
 def test_transformers_fast_tokenizer_is_a_tokenizer(k3: xtml.Template) -> None:
     transformers = pytest.importorskip("transformers", reason="transformers is in the test extra; not installed")
-    from tests.conftest import deepseek_path
+    from tests.helpers.tokenizers import deepseek_path
 
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=deepseek_path())
     hf.add_special_tokens({"additional_special_tokens": list(k3.markers.all())})

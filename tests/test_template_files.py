@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import xtml
-from xtml.chat.dialect import from_dict
+from xtml.chat.template_file import from_dict
 
 BASE = tomllib.loads(resources.files("xtml.dialects").joinpath("kimi-k3.toml").read_text(encoding="utf-8"))
 _values = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=8),

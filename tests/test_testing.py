@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
 import xtml
-from tests.conftest import k3_vocab, tiny_tokenizer_json
+from tests.helpers.tokenizers import k3_vocab, tiny_tokenizer_json
 from xtml import testing as xt
-from xtml.chat.dialect import from_dict
+from xtml.chat.template_file import from_dict
 from xtml.cli import fuzz
 from xtml.markup import build, lex_text
 from xtml.markup.markers import OPEN
@@ -75,7 +75,8 @@ thinking = "think"
 [plugins.image]
 placeholder = "[[pic]]"
 part_types = ["picture", "image"]
-prompt = '^\[\[img\]\]size=[1-9][0-9]?(?:\[\[px\]\])*\[\[/img\]\]$'
+prompt = "[[img]]size={width}x{height}{pads}[[/img]]"
+pad = "[[px]]"
 [system.tool-declare]
 position = "global"
 body = "Tools: {tools}"

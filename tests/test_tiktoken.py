@@ -16,19 +16,20 @@ from typing import Any
 
 import pytest
 import tiktoken
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import xtml
-from tests.conftest import deepseek_path, load_cases, request_of
-from tests.test_cli import EXAMPLE, run
+from tests.helpers.cases import load_cases, request_of
+from tests.helpers.cli import EXAMPLE, run
+from tests.helpers.strategies import SLOW
+from tests.helpers.tokenizers import deepseek_path
 from xtml.testing import requests
 from xtml.vocab.tiktoken import KIMI_PATTERN, RESERVED_NAME, TiktokenVocabulary
 from xtml.vocab.vocabulary import byte_to_char
 
 K3 = xtml.load("kimi-k3")
 MARKERS = K3.markers.all()
-SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def write_ranks(path: Path, tokens: list[bytes], *, reverse: bool = False) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import xtml
-from tests.conftest import deepseek_path
+from tests.helpers.tokenizers import deepseek_path
 
 
 def test_missing_markers_are_a_clear_error(k3: xtml.Template, tiny_tokenizer: str) -> None:

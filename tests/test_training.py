@@ -12,8 +12,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 import xtml
-from tests.conftest import deepseek_path, k3_vocab
-from tests.strategies import documents
+from tests.helpers.strategies import documents
+from tests.helpers.tokenizers import deepseek_path, k3_vocab
 from xtml.chat.dialect import Training
 from xtml.chat.prompt import generation_prompt
 from xtml.markup.nodes import Element

@@ -8,7 +8,7 @@ True
 """
 
 from .codec.conversation import Conversation
-from .codec.stream import StreamEvent, StreamParser
+from .codec.stream import StreamEvent, StreamParser, StreamState
 from .errors import (
     MarkupError,
     MessageError,
@@ -39,6 +39,7 @@ __all__ = [
     "Segment",
     "StreamEvent",
     "StreamParser",
+    "StreamState",
     "Template",
     "TemplateError",
     "TokenizerError",

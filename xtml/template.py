@@ -15,11 +15,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .chat.dialect import Dialect, load_dialect
+from .chat.dialect import Dialect
 from .chat.prompt import generation_prompt
 from .chat.render import normal_form, render, render_tree
 from .chat.request import MAX_CHARS, Msg, Options, prepare, split_request
-from .codec.completion import completion_grammar
+from .chat.template_file import load_dialect
+from .codec.completion import completion_plan
 from .codec.conversation import Conversation
 from .codec.parse import parse
 from .codec.stream import StreamParser
@@ -302,9 +303,16 @@ class Template:
         ``llguidance.LLMatcher`` loads as it is, or xgrammar EBNF
         (``format="xgrammar"``, which needs the tokenizer). ``options`` are
         the request's options and those of
-        :func:`xtml.codec.completion.completion_grammar`."""
+        :func:`xtml.codec.completion.completion_plan`."""
+        from importlib import import_module
+
         binding = self.bind(tokenizer) if tokenizer is not None else None
-        return completion_grammar(self.dialect, binding, request, format=format, **options)
+        plan = completion_plan(self.dialect, binding, request, format=format, **options)
+        # One writer module per format, loaded by name when a grammar is
+        # asked for: `import xtml` loads none of them.
+        writer = import_module(f"xtml.codec.completion.{plan.format}")
+        text: str = writer.write(plan)
+        return text
 
     # -- parse -------------------------------------------------------------------
 
@@ -318,6 +326,7 @@ class Template:
         thinking: bool | None = None,
         max_chars: int | None = None,
         prefill: Any = None,
+        repaired_calls: bool = False,
     ) -> dict[str, Any]:
         """Token ids (with their tokenizer) or text back to a request.
 
@@ -330,12 +339,23 @@ class Template:
         raise :class:`ParseError` with the token offset (or line and column);
         ``lenient=True`` never raises on content and adds ``"diagnostics"``.
         ``max_chars`` caps the input's length (default: :attr:`max_chars`).
+
+        A lenient parse of text withholds every tool call that exists only
+        because of a repair, with a ``withheld-call`` diagnostic: in text a
+        marker may be a literal the model quoted (a web page it echoes). A
+        call is withheld when its tools channel was opened inside a channel
+        that was never closed, or when its message was repaired before the
+        call opened (any diagnostic from the message's open tag to the
+        call's; text outside a channel counts at the open tag), and so is
+        every later call of that message. ``repaired_calls=True`` keeps
+        them. Parses of ids keep every call: a marker there is a special
+        token, never quoted text.
         """
         limit = self.max_chars if max_chars is None else max_chars
         check_size(data, limit)  # before the tokenizer is loaded
         binding = self.bind(tokenizer) if tokenizer is not None and not isinstance(data, str) else None
         return parse(self.dialect, binding, data, completion=completion, lenient=lenient, thinking=thinking,
-                     prefill=prefill, max_chars=limit)
+                     prefill=prefill, max_chars=limit, repaired_calls=repaired_calls)
 
 
 _cache: dict[Any, Template] = {}

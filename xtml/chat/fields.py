@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import MessageError, OptionError, RequestError
+from ..errors import MessageError, OptionError, RequestError, shown
 
 __all__ = ["FIELDS", "IGNORED", "PROMPT", "REFUSED", "UNKNOWN_KEYS", "Field", "did_you_mean", "function_tool",
-           "markdown_table"]
+           "markdown_table", "tool_function", "tool_problem"]
 
 PROMPT = "prompt"
 IGNORED = "ignored"
@@ -88,8 +88,8 @@ FIELDS: tuple[Field, ...] = (
        "top-level keys (and win over them)", "its keys"),
     _f("chat_template_kwargs", "vllm sglang", PROMPT, "options for the template; its keys follow this "
        "table and win over top-level keys", "its keys"),
-    _f("add_generation_prompt", "transformers vllm", PROMPT, "open the assistant's turn (default true)",
-       "add_generation_prompt"),
+    _f("add_generation_prompt", "transformers vllm", PROMPT, "open the assistant's turn (default true; "
+       "`null` is false, as K3's reference encoder reads it)", "add_generation_prompt"),
     _f("continue_final_message", "transformers vllm sglang", PROMPT, "leave the final assistant message "
        "open so the model continues it; not together with add_generation_prompt=true",
        "continue_final_message"),
@@ -305,6 +305,71 @@ def tool_list(tools: list[Any] | tuple[Any, ...], where: str) -> list[Any]:
     return out if out is not None else tools if isinstance(tools, list) else list(tools)
 
 
+# -- what a tool is ---------------------------------------------------------------------------
+
+def tool_problem(tool: Any) -> tuple[str, str] | None:
+    """Why ``tool`` (a dict, after :func:`tool_list`) is not a tool schema:
+    ``(path under the tool, message)``, or None when it is one.
+
+    The one check of a tool, for every reader of a tool list: render writes
+    the declaration the model reads, the completion grammar lets the model
+    call what is declared, so what one takes the other must take too. A tool
+    is a function, written the ways clients send it: OpenAI's chat form
+    ``{"type": "function", "function": {"name", ...}}``, the Responses API's
+    flat form ``{"type": "function", "name", ...}``, or a bare function
+    ``{"name", ...}``. The function needs a non-empty string ``name``; a
+    ``description`` is a string and ``parameters`` a JSON schema (an object,
+    or true or false) when given. Other keys are the client's and are kept.
+    """
+    if not isinstance(tool, Mapping):
+        return "", f"a tool is an object ({{\"type\": \"function\", \"function\": {{\"name\": ...}}}}), not " \
+                   f"{_kind(tool)}"
+    typ = tool.get("type")
+    if typ is not None and typ != "function":
+        return ".type", f"tool type {shown(typ)} is not one this template can declare or call (only 'function')"
+    nested = tool.get("function")
+    if nested is None:
+        fn, at = tool, ""
+        if "type" in tool and "name" not in tool:
+            return ".function", "a function tool needs its function: {\"type\": \"function\", \"function\": " \
+                                "{\"name\": ...}}"
+    elif isinstance(nested, Mapping):
+        fn, at = nested, ".function"
+    else:
+        return ".function", f"function must be an object with a name, not {_kind(nested)}"
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        what = "an empty name" if name == "" else f"name {_kind(name)}" if "name" in fn else "no name"
+        return f"{at}.name", f"a tool needs a name (a non-empty string) to be declared and called; this one has {what}"
+    description = fn.get("description")
+    if description is not None and not isinstance(description, str):
+        return f"{at}.description", f"a tool's description is a string, not {_kind(description)}"
+    params = fn.get("parameters")
+    if params is not None and not isinstance(params, Mapping | bool):
+        return f"{at}.parameters", f"a tool's parameters are a JSON schema (an object), not {_kind(params)}"
+    return None
+
+
+def tool_function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The function object of a tool that :func:`tool_problem` passed."""
+    nested = tool.get("function")
+    return nested if isinstance(nested, Mapping) else tool
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int | float):
+        return "a number"
+    if isinstance(v, str):
+        return f"the string {shown(v)}"
+    if isinstance(v, list | tuple):
+        return "a list"
+    return f"a {type(v).__name__}"
+
+
 # -- tools from Python functions -------------------------------------------------------------
 
 _schemas: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -409,8 +474,11 @@ def _functions(v: Any, where: str) -> Any:
             out.append(function_tool(fn, f"{where}[{j}]"))
             continue
         fn = dump(fn, none=False)
-        if not isinstance(fn, Mapping):
-            raise OptionError(f"functions[{j}] must be an object with a name", option=where)
+        # Checked as the bare function it is, so that the error names the
+        # client's own key rather than the tool it becomes.
+        bad = tool_problem(fn)
+        if bad is not None:
+            raise OptionError(bad[1], option=f"{where}[{j}]{bad[0]}")
         out.append({"type": "function", "function": fn})
     return out
 

@@ -4,6 +4,30 @@ The output is the normal form of :mod:`.render`: ``parse(render(x)) ==
 normalize(x)``. Strict parses raise :class:`ParseError` at the first element
 that is not of the dialect; lenient parses keep going, record a
 :class:`~xtml.markup.nodes.Diagnostic` per repair and never raise.
+
+A lenient parse of *text* may be asked to withhold the tool calls that exist
+only because of a repair (``withhold_repaired``): in text, a marker may be a
+literal the model quoted (a web page it echoes), and a repair is how quoted
+markup turns into structure. A call of an assistant message is withheld when
+
+* its tools channel was opened inside another channel of the message that
+  was never closed (read out of it, with an ``unclosed-channel``
+  diagnostic), or
+* anything in its message was repaired before the call opened: a
+  diagnostic at an offset from the message's open tag up to the call's
+  (markup repairs such as a stray or mismatched marker, a channel opened
+  inside another, twice or out of order, a bad value in an earlier call;
+  text outside any channel is noted at the message's open tag, so it
+  counts before every call of the message; an element never closed counts
+  where it was closed for it, not where it opened);
+
+and every call after a withheld one of the same message is withheld too.
+Each gets a ``withheld-call`` diagnostic and is left out of ``tool_calls``;
+the calls before it keep their ids. Repairs after a call opened do not
+withhold it: a completion cut off inside its last call keeps it here (the
+OpenAI shapes withhold a cut-off call, text or ids). Markup that is well
+formed needs no repair, so quoted text that spells a whole call in the
+right place is not caught: parse ids when it matters.
 """
 
 from __future__ import annotations
@@ -14,21 +38,31 @@ from typing import Any
 from ..errors import ParseError, shown
 from ..markup.nodes import Diagnostic, Document, Element, Embed, EndOfMessage, Node, Text
 from ..plugins.api import Context, call_id, check_attributes, jsonfmt
+from . import channels as chan
 from .dialect import Dialect, SystemMessage
+from .fields import tool_problem
 from .prompt import is_generation_prompt
 
 
 class Reader:
-    """Reads a markup tree as the dialect's requests; channel and content
-    plugins read their elements with its helpers."""
+    """Reads a markup tree as the dialect's requests; the channels and
+    content plugins read their elements with its helpers."""
 
-    def __init__(self, d: Dialect, lenient: bool) -> None:
+    def __init__(self, d: Dialect, lenient: bool, repairs: list[Diagnostic] | None = None) -> None:
         self.d = d
         self.n = self.names = d.names
         self.lenient = lenient
         self.diags: list[Diagnostic] = []
+        self.repairs = repairs
+        """The markup's repairs, when calls that exist only because of a
+        repair are to be withheld (the module's docstring says which); None
+        keeps every call."""
+        self.hoisted: set[int] = set()
+        """Ids of the channel elements read out of a channel left open."""
         self.ctx = Context(None, lambda message, kind: self.problem(None, message, kind))
-        self.fields = sorted(d.channel_exts, key=lambda ch: ch.field_order)
+        self.fields = chan.in_field_order(d.assistant_channels)
+        self.reasoning_tag = d.channel_tag("reasoning")
+        self.content_tag = d.channel_tag("content") or ""
         n = self.n
         # Which attributes each element may carry, by role.
         self.a_msg = frozenset((n["role"], n["name"]))
@@ -189,20 +223,57 @@ class Reader:
                 self.problem(c if isinstance(c, Element) else el,
                              f"{what} in an assistant message, outside any channel", "stray-content", path)
                 if isinstance(c, Text | Embed):
-                    seen.setdefault("_stray", Element(n["response"], (), (c,)))
-        think = seen.get(n["think"])
+                    seen.setdefault("_stray", Element(self.content_tag, (), (c,)))
+        think = seen.get(self.reasoning_tag) if self.reasoning_tag is not None else None
         if thinking is True and think is None and not self.lenient:
             self.problem(el, "assistant message without a think channel in thinking mode", "missing-channel",
                          path)
         if thinking is False and think is not None:
             self.problem(think, "think channel in non-thinking mode", "unexpected-channel", path)
-        if n["response"] not in seen and not self.lenient:
-            self.problem(el, "assistant message without a response channel", "missing-channel", path)
-        if n["response"] not in seen and "_stray" in seen:
-            seen[n["response"]] = seen["_stray"]
+        content = self.content_tag
+        if content not in seen and not self.lenient:
+            self.problem(el, f"assistant message without a {content} channel", "missing-channel", path)
+        if content not in seen and "_stray" in seen:
+            seen[content] = seen["_stray"]
         for ch in self.fields:
-            ch.read(seen.get(n[ch.name]), msg, self, pos, path)
+            chan.read(ch, seen.get(ch.tag), msg, self, pos, path)
+        if self.repairs is not None and msg.get("tool_calls"):
+            self._withhold(el, seen.get(self.d.channel_tag("tool_calls") or ""), msg)
         return msg
+
+    def _withhold(self, el: Element, tools: Element | None, msg: dict[str, Any]) -> None:
+        """Take out of ``msg`` the calls that exist only because of a repair
+        (the module's docstring says which), each with a diagnostic."""
+        assert self.repairs is not None
+        if tools is None:
+            return
+        calls = [c for c in tools.children if isinstance(c, Element) and c.tag == self.n["call"]]
+        start = max(el.offset, 0)
+        # An element never closed is reported where it opened, but repaired
+        # where it was closed for it (a mismatched close, an early end,
+        # reported there): that is where the repair stands.
+        first = min((x.offset for x in [*self.repairs, *self.diags] if x.offset >= start and x.kind != "unclosed"),
+                    default=None)
+        if id(tools) in self.hoisted:
+            cut, why = 0, "its tools channel was opened inside a channel that was never closed"
+        else:
+            # Calls stand in input order, so those after the first repair are
+            # the calls from some point on.
+            cut = next((k for k, c in enumerate(calls) if first is not None and first < c.offset), len(calls))
+            why = "the message was repaired before it"
+        found: list[dict[str, Any]] = msg["tool_calls"]
+        for k in range(cut, len(found)):
+            name = found[k]["function"]["name"]
+            reason = why if k == cut else f"it follows call {cut + 1}, which is withheld"
+            self.diags.append(Diagnostic(
+                "withheld-call", max(calls[k].offset, 0),
+                f"tool call {k + 1} ({name!r}) exists only because of a repair ({reason}); in text a marker may "
+                "come from quoted text, so the call is withheld and must not run (parse ids, or pass "
+                "repaired_calls=True to keep it)"))
+        if cut:
+            msg["tool_calls"] = found[:cut]
+        else:
+            del msg["tool_calls"]
 
     def _hoist(self, children: tuple[Node, ...], order: dict[str, int], path: str,
                seen: set[str] | None = None) -> tuple[Node, ...]:
@@ -220,6 +291,7 @@ class Reader:
                 k = next((j for j, x in enumerate(c.children)
                           if isinstance(x, Element) and order.get(x.tag, -1) > order[c.tag]), -1)
                 if k >= 0:
+                    self.hoisted.update(id(x) for x in c.children[k:] if isinstance(x, Element))
                     inner = c.children[k]
                     tag = inner.tag if isinstance(inner, Element) else ""
                     self.problem(c, f"channel {shown(tag)} opened inside channel {shown(c.tag)}, which was not closed "
@@ -338,10 +410,28 @@ class Reader:
                 self.problem(el, f"the {what} in this system message is not JSON", "bad-json", path)
             return None
 
+        def tools(text: str) -> Any:
+            # Render refuses a list holding anything but tool schemas, so a
+            # parse keeps only the tools in it: what it returns renders again.
+            value = load(text, "tool list")
+            if value is None:
+                return None
+            if not isinstance(value, list):
+                self.problem(el, "the tool list in this system message is not a list", "bad-tool", path)
+                return None
+            kept = []
+            for j, tool in enumerate(value):
+                bad = tool_problem(tool)
+                if bad is None:
+                    kept.append(tool)
+                else:
+                    self.problem(el, f"tools[{j}]{bad[0]}: {bad[1]}", "bad-tool", path)
+            return kept
+
         if sm.key == "tool-declare":
-            once("tools", load(values["tools"], "tool list"))
+            once("tools", tools(values["tools"]))
         elif sm.key == "tool-declare-dynamic":
-            msgs.append({"role": "system", "content": "", "tools": load(values["tools"], "tool list")})
+            msgs.append({"role": "system", "content": "", "tools": tools(values["tools"])})
         elif sm.key == "thinking-effort":
             effort = values["effort"]
             if effort not in self.d.efforts:
@@ -373,16 +463,19 @@ class Reader:
         return self.assistant(el, 0, thinking, n["message"])
 
 
-def parse_conversation(d: Dialect, doc: Document, *, lenient: bool) -> tuple[dict[str, Any], list[Diagnostic]]:
-    r = Reader(d, lenient)
+def parse_conversation(d: Dialect, doc: Document, *, lenient: bool,
+                       withhold_repaired: bool = False) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """The request ``doc`` holds; ``withhold_repaired``: calls that exist
+    only because of a repair are withheld (see the module's docstring)."""
+    r = Reader(d, lenient, list(doc.diagnostics) if withhold_repaired else None)
     req = r.conversation(doc)
     return req, list(doc.diagnostics) + r.diags
 
 
 def parse_completion(
-    d: Dialect, doc: Document, *, thinking: bool, lenient: bool, shift: int
+    d: Dialect, doc: Document, *, thinking: bool, lenient: bool, shift: int, withhold_repaired: bool = False
 ) -> tuple[dict[str, Any], list[Diagnostic]]:
-    r = Reader(d, lenient)
+    r = Reader(d, lenient, list(doc.diagnostics) if withhold_repaired else None)
     msg = r.completion(doc, thinking, any(x.kind == "truncated" for x in doc.diagnostics))
     r.finish(msg)
     # Offsets count from the start of the completion, not of the prompt

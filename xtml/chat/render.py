@@ -14,6 +14,7 @@ from ..errors import OptionError, TemplateError
 from ..markup.nodes import Node
 from ..markup.sink import Attrs, MarkupSink, TreeSink
 from ..plugins.api import ContentExtension, Context, call_id, check_attributes
+from . import channels as chan
 from .dialect import Dialect
 from .prompt import write_prompt
 from .request import Msg, Options, Part, deep_sort, json_compact
@@ -76,7 +77,7 @@ def render_tree(d: Dialect, o: Options, msgs: list[Msg]) -> list[Node]:
 
 
 class RenderState:
-    """What the channel and content plugins render with: the dialect, the
+    """What the channels and content plugins render with: the dialect, the
     resolved options, the sink and the per-request plugin context."""
 
     __slots__ = ("ctx", "d", "o", "sink")
@@ -167,7 +168,7 @@ def message_renderer(s: RenderState) -> Callable[[Msg], None]:
     d = s.d
     n = d.names
     msg_tag, role, tool_attr, index_attr, name_attr = n["message"], n["role"], n["tool"], n["index"], n["name"]
-    channels = d.channel_exts
+    channels = d.assistant_channels
 
     def message(m: Msg) -> None:
         sink = s.sink
@@ -181,7 +182,7 @@ def message_renderer(s: RenderState) -> Callable[[Msg], None]:
         if m.role == "assistant":
             sink.open(msg_tag, attrs)
             for ch in channels:
-                ch.render(m, s)
+                chan.render(ch, m, s)
             sink.close()
         else:
             parts = m.parts
@@ -215,8 +216,8 @@ def render_tail(s: RenderState, final: Msg | None) -> None:
     if final is not None:
         sink.open(msg_tag, ((role, "assistant"), (n["name"], final.name)) if final.name else ((role, "assistant"),))
         s.sink = held = _HoldLastClose(sink)
-        for ch in d.channel_exts:
-            ch.render(final, s)
+        for ch in d.assistant_channels:
+            chan.render(ch, final, s)
         held.finish()
         s.sink = sink
     elif o.add_generation_prompt:
@@ -323,7 +324,7 @@ def normal_form(d: Dialect, o: Options, msgs: list[Msg]) -> dict[str, Any]:
     """What :func:`render_tree` means, as a request: what parse returns."""
     s = RenderState(d, o, None)
     ctx = s.ctx
-    fields = sorted(d.channel_exts, key=lambda ch: ch.field_order)
+    fields = tuple(ch.holds for ch in chan.in_field_order(d.assistant_channels))
     out_msgs: list[dict[str, Any]] = []
     for pos, m in enumerate(msgs):
         if m.tools is not None:
@@ -341,8 +342,8 @@ def normal_form(d: Dialect, o: Options, msgs: list[Msg]) -> dict[str, Any]:
         if m.name:
             msg["name"] = m.name
         if m.role == "assistant":
-            for ch in fields:
-                ch.normal(m, pos, s, msg)
+            for holds in fields:
+                chan.normal(holds, m, pos, s, msg)
         else:
             msg["content"] = content_value(m.parts, ctx)
         out_msgs.append(msg)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError, shown
+from ..markup.markers import EMBED_BEGIN, EMBED_END, EMBED_INNER, EMBED_MARK, TEXT
+from ..markup.parse import lex_text
 from ..plugins import jsonfmt
 from ..plugins.api import ContentExtension
-from ..plugins.image import ImageValue
 from ..plugins.jsonfmt import value_type as value_type  # its former home
 from . import fields
 from .dialect import Dialect
@@ -261,6 +262,10 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
     return fields.messages_of(messages, ignore, KNOWN_MESSAGE_KEYS), opts
 
 
+# What a missing option reads as, told apart from an option given as None.
+_ABSENT: Any = object()
+
+
 def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = None) -> Options:
     """The options of a request, checked; ``known``: a tool list and its
     marshal bytes, if the caller has made them."""
@@ -313,17 +318,20 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = 
     cont = opts.get("continue_final_message")
     if cont is not None and not isinstance(cont, bool):
         raise OptionError("continue_final_message must be true or false", option="continue_final_message")
-    agp = opts.get("add_generation_prompt")
-    if agp is not None and not isinstance(agp, bool):
+    # Absent, it opens the assistant's turn; None is false, as K3's
+    # reference encoder reads it (and Jinja, where transformers' default is
+    # false too). Every other option reads None as absent (docs/requests.md).
+    agp = opts.get("add_generation_prompt", _ABSENT)
+    if agp is not _ABSENT and agp is not None and not isinstance(agp, bool):
         raise OptionError("add_generation_prompt must be true or false", option="add_generation_prompt")
     if cont:
-        if agp:
+        if agp is True:
             raise OptionError("continue_final_message leaves the last message open for the model to continue; "
                               "a generation prompt after it cannot be: drop add_generation_prompt=true",
                               option="continue_final_message")
         agp = False
-    elif agp is None:
-        agp = True
+    else:
+        agp = agp is _ABSENT or agp is True
     prompts = opts.get("image_prompts")
     if prompts is not None:
         if not d.image_part_types:
@@ -339,6 +347,11 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = 
             if jsonfmt.lone_surrogate(p) >= 0:
                 raise OptionError(f"image_prompts[{i}]: {_surrogate_message(p, jsonfmt.lone_surrogate(p))}",
                                   option="image_prompts")
+            why = _not_one_embed(d, p)
+            if why:
+                raise OptionError(f"image_prompts[{i}] would not read back as one image: a prompt is one embed "
+                                  f"(from an embed-begin marker to an embed-end marker, or an embed mark) with "
+                                  f"nothing around it, and this one has {why}", option="image_prompts")
     tools = opts.get("tools")
     tools_json = ""
     if tools is not None:
@@ -347,8 +360,39 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = 
         tools = fields.tool_list(tools, "tools") if tools else None
         if tools:
             tools_json = json_compact(tools, "tools", known[1] if known is not None and known[0] is tools else None)
+            check_tools(tools, "tools")
     return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools,
                    tools_json, bool(cont))
+
+
+def _not_one_embed(d: Dialect, prompt: str) -> str:
+    """Why ``prompt`` is not one embed span and nothing else, or ``""``. A
+    prompt format may write text around its embed (a newline after the end
+    marker, say); read back, that text is a text part of the message, not
+    part of the image."""
+    lx = lex_text(prompt, d.markers)
+    kinds = lx.kinds
+    if kinds == [EMBED_MARK] or (len(kinds) >= 2 and kinds[0] == EMBED_BEGIN and kinds[-1] == EMBED_END
+                                 and all(k == TEXT or k == EMBED_INNER for k in kinds[1:-1])):
+        return ""
+    if kinds and kinds[0] == TEXT:
+        return f"text before its embed, {shown(lx.texts[0])}"
+    if kinds and kinds[-1] == TEXT:
+        return f"text after its embed, {shown(lx.texts[-1])}"
+    return "markers that do not make one embed"
+
+
+def check_tools(tools: list[Any], where: str, message: int | None = None) -> None:
+    """Refuse a tool list holding anything but tool schemas
+    (:func:`.fields.tool_problem`), at ``where[j]`` and the key in it: an
+    option's, or with ``message`` that message's field."""
+    for j, t in enumerate(tools):
+        bad = fields.tool_problem(t)
+        if bad is not None:
+            path = f"{where}[{j}]{bad[0]}"
+            if message is None:
+                raise OptionError(bad[1], option=path)
+            raise MessageError(bad[1], index=message, path=path)
 
 
 def _effort(d: Dialect, key: str, v: Any) -> str:
@@ -512,11 +556,14 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
             s = str.__str__(s)
         if split_marks and d.image_placeholder in s:
             pieces = s.split(d.image_placeholder)
+            images = d.plugins["image"]
             for j, piece in enumerate(pieces):
                 if piece:
                     parts.append(piece)
                 if j < len(pieces) - 1:
-                    parts.append(PluginPart(d.plugins["image"], ImageValue()))
+                    # The placeholder stands for an image part with nothing
+                    # but its type.
+                    parts.append(PluginPart(images, images.prepare({"type": "image"})))
         else:
             parts.append(s)
 
@@ -714,6 +761,7 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any],
                 raise MessageError("a system message that declares tools renders no name", index=i, path="name")
             msg.tools = list(tools)
             msg.tools_json = json_compact(msg.tools, f"messages[{i}].tools")
+            check_tools(msg.tools, "tools", i)
             msgs.append(msg)
             continue
         msg.parts = parts if parts is not None else _content(d, content, i, split_marks)

@@ -79,5 +79,31 @@ def at_least(minimum: int, most: int | None = None, why: str = "") -> Callable[[
     return convert
 
 
+class MissingExtra(XtmlError):
+    """A command whose optional dependencies are not installed."""
+
+
+def require(command: str, extra: str, *modules: str) -> None:
+    """Import ``modules``, or raise :class:`MissingExtra` naming the extra
+    of ``pyproject.toml`` that installs them, in one line: the index form
+    for a pip install, the editable form for a clone (an index does not
+    know the clone's version)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            if (e.name or "").partition(".")[0] == "xtml":
+                raise  # a fault of xtml's own, not a missing extra
+            raise MissingExtra(extra_missing(command, extra, e.name or name)) from None
+
+
+def extra_missing(command: str, extra: str, module: str) -> str:
+    """The one line that says what to install for ``command``."""
+    return (f"{command} needs the {extra} extra ({module} is not installed): pip install 'xtml[{extra}]' "
+            f"(from a clone: pip install -e '.[{extra}]')")
+
+
 TOKENIZER_HELP = ("tokenizer.json, a tiktoken BPE file, or a model folder (tokenizer.json, or a tiktoken "
                   "vocabulary with tokenizer_config.json)")

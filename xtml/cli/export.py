@@ -1,5 +1,5 @@
 """``xtml export grammar``: the grammar of a completion for constrained
-decoding (the grammar itself is :mod:`xtml.codec.completion`)."""
+decoding (:mod:`xtml.codec.completion`, through the facade)."""
 
 from __future__ import annotations
 

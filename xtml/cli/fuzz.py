@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from ..errors import XtmlError
 from ..template import Template, TokenizerLike, load
+from .common import extra_missing
 
 __all__ = ["run"]
 
@@ -121,7 +122,7 @@ def run(
     try:
         from .. import testing as xt
     except ImportError as e:
-        _write(err, f"xtml: usage error: xtml fuzz needs hypothesis (pip install 'xtml[testing]'): {e}\n")
+        _write(err, f"xtml: usage error: {extra_missing('xtml fuzz', 'testing', e.name or 'hypothesis')}\n")
         return 2
     if examples < 1:
         _write(err, "xtml: usage error: --examples must be at least 1\n")

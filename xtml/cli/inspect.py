@@ -1,5 +1,5 @@
-"""A rendered request, token by token, for people: ``xtml inspect`` and
-``xtml render --format tokens``.
+"""A rendered request, token by token, for people: ``xtml inspect``
+(``xtml render --format tokens`` is the plain form, for programs).
 
 Each top-level message gets a header with its role, its token count and the
 count per channel; each token a row with its offset, id and piece, markers

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from .. import __version__
@@ -21,13 +21,13 @@ from ..template import Rendered, Template, load
 from ..vocab.load import load_tokenizer
 from ..vocab.vocabulary import Vocabulary
 from . import dataset, export, serve
-from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input
+from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input, require
 from .output import Output, UsageError
 
 EPILOG_RENDER = """examples:
   xtml render examples/chat.json
-  xtml render chat.json --format segments
-  xtml render chat.json --tokenizer path/to/tokenizer.json --format ids
+  xtml render examples/chat.json --format segments
+  xtml render examples/chat.json --tokenizer path/to/tokenizer.json --format ids
   echo '[{"role": "user", "content": "hi"}]' | xtml render - --thinking false
 """
 
@@ -54,7 +54,7 @@ EPILOG_VALIDATE = """examples:
 
 EPILOG_INSPECT = """examples:
   xtml inspect examples/chat.json --tokenizer path/to/tokenizer.json
-  xtml inspect chat.json -t xtml-base --tokenizer tok.json --add-markers | less -R
+  xtml inspect examples/chat.json -t xtml-base --tokenizer tok.json --add-markers | less -R
 """
 
 EPILOG_TEMPLATES = """examples:
@@ -70,12 +70,12 @@ EPILOG_NEW = """examples:
 """
 
 EPILOG_PARSE = """examples:
-  xtml render chat.json --tokenizer tok.json --format ids | xtml parse --tokenizer tok.json
-  xtml parse prompt.txt --from text
+  xtml render examples/chat.json --tokenizer tok.json --format ids | xtml parse --tokenizer tok.json
+  xtml parse examples/prompt.txt --from text
   xtml parse output_ids.json --tokenizer tok.json --completion --lenient
   xtml parse output_ids.json --tokenizer tok.json --completion --openai           # a chat.completion object
   xtml parse output_ids.json --tokenizer tok.json --completion --openai --stream  # one chunk per line
-  xtml parse output.txt --from text --tokenizer tok.json --completion --stream --sse
+  xtml parse examples/completion.txt --from text --tokenizer tok.json --completion --stream --sse
 
 --openai reads the completion leniently and prints what an OpenAI-compatible server returns for it
 (docs/serving.md): a chat.completion object, or with --stream one chat.completion.chunk object per
@@ -144,7 +144,9 @@ def _parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_RENDER, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(r)
     r.add_argument("-f", "--format", choices=("text", "segments", "ids", "tokens"), default="text",
-                   help="what to print (default: text); ids and tokens need --tokenizer")
+                   help="what to print (default: text): the text form; [text, special] pairs; a JSON array of "
+                        "token ids; or one token per line, its id, a tab and its piece as a JSON string (for "
+                        "programs; xtml inspect is the view for people). ids and tokens need --tokenizer")
     r.add_argument("--thinking", type=_bool, metavar="BOOL", help="override the request's thinking option")
     r.add_argument("--generation-prompt", type=_bool, metavar="BOOL", dest="add_generation_prompt",
                    help="override add_generation_prompt")
@@ -234,10 +236,9 @@ _examples1 = at_least(1, _EXAMPLES, " examples")
 
 
 def _fuzz(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        from .fuzz import run
-    except ImportError as e:
-        raise _UserError(f"xtml fuzz needs hypothesis ({e.name} is missing): pip install 'xtml[testing]'") from None
+    require("xtml fuzz", "testing", "hypothesis")
+    from .fuzz import run
+
     tpl = load(args.template)
     vocab = _tokenizer(args, tpl) if args.tokenizer else None
     return run(tpl, vocab, examples=args.examples, seed=args.seed, out=out, err=sys.stderr)
@@ -245,12 +246,11 @@ def _fuzz(args: argparse.Namespace, out: TextIO) -> int:
 
 def _request(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     request = _json(_read(args.file), "input" if args.file == "-" else args.file)
-    options: dict[str, Any] = {}
-    if args.thinking is not None:
-        options["thinking"] = args.thinking
-    if args.add_generation_prompt is not None:
-        options["add_generation_prompt"] = args.add_generation_prompt
-    return request, options
+    # An unset flag is None, meaning "not given"; an option given as None
+    # means something else (add_generation_prompt=None is false), so unset
+    # flags are left out.
+    flags = {"thinking": args.thinking, "add_generation_prompt": args.add_generation_prompt}
+    return request, {k: v for k, v in flags.items() if v is not None}
 
 
 def _render(args: argparse.Namespace, out: TextIO) -> None:
@@ -258,33 +258,62 @@ def _render(args: argparse.Namespace, out: TextIO) -> None:
     request, options = _request(args)
     if args.format == "text":
         rendered = tpl.render(request, **options)
-        _warn_ambiguous(rendered)
+        _warn_ambiguous(tpl, request, options, rendered)
         out.write(rendered.text + "\n")
     elif args.format == "segments":
         segs = tpl.render(request, **options).segments
         out.write(json.dumps([[s.text, s.special] for s in segs], ensure_ascii=False) + "\n")
     else:
         vocab = _tokenizer(args, tpl)
+        ids = tpl.encode(request, vocab, **options)
         if args.format == "ids":
-            out.write(json.dumps(tpl.encode(request, vocab, **options)) + "\n")
+            out.write(json.dumps(ids) + "\n")
         else:
-            from .inspect import tokens, write
+            # For programs (cut, awk, a diff of two renders): the token and its
+            # piece, one per line. `xtml inspect` is the view for people.
+            out.writelines(f"{t}\t{json.dumps(vocab.decode([t]), ensure_ascii=False)}\n" for t in ids)
 
-            write(out, tpl, tokens(tpl, request, vocab, **options))
 
-
-def _warn_ambiguous(rendered: Rendered) -> None:
+def _warn_ambiguous(tpl: Template, request: Any, options: dict[str, Any], rendered: Rendered) -> None:
     """Say so when the text form does not read back as rendered: some text
-    holds a marker literal (spec.md §5)."""
+    holds a marker literal (spec.md §5). Each is named where the user wrote
+    it (``messages[0]``), not by its place among the rendered messages,
+    which count the template's own."""
     found = rendered.ambiguous
     if not found:
         return
-    messages = sorted({a.message for a in found})
+    where = _input_message(tpl, request, options, rendered)
+    named = dict.fromkeys(where(a.message) for a in found)
     literals = ", ".join(dict.fromkeys(repr(a.marker) for a in found))
-    which = (f"message {messages[0]}" if len(messages) == 1
-             else f"messages {', '.join(map(str, messages))}")
-    print(f"xtml: warning: the text of {which} of the output (counted from 0) holds marker literals ({literals}): "
-          "read back as text it becomes markup; token ids read back exactly (--format ids)", file=sys.stderr)
+    print(f"xtml: warning: the text of {' and '.join(named)} holds marker literals ({literals}): read back as text "
+          "it becomes markup; token ids read back exactly (--format ids)", file=sys.stderr)
+
+
+def _input_message(tpl: Template, request: Any, options: dict[str, Any], rendered: Rendered) -> Callable[[int], str]:
+    """A function from a message's place in ``rendered`` to its name in the
+    request. Each input message renders as one message, in order, after the
+    template's head (tools, thinking effort); with continue_final_message
+    the last one is written at the very end, after the option messages."""
+    from ..chat.render import RenderState, render_head
+    from ..chat.request import prepare
+    from ..markup.nodes import Element
+    from ..markup.sink import TreeSink
+
+    o, msgs = prepare(tpl.dialect, request, {**options, "max_chars": tpl.max_chars})
+    sink = TreeSink()
+    render_head(RenderState(tpl.dialect, o, sink))
+    head = sum(isinstance(n, Element) for n in sink.finish())
+    middle = len(msgs) - 1 if o.continue_final else len(msgs)
+    last = sum(1 for s in rendered.segments if s.special and s.text == tpl.markers.end)
+
+    def name(k: int) -> str:
+        if head <= k < head + middle:
+            return f"messages[{k - head}]"
+        if o.continue_final and k == last:
+            return f"messages[{len(msgs) - 1}]"
+        return "the template's own messages (from the tools and options)"
+
+    return name
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> None:
@@ -317,7 +346,7 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _templates(args: argparse.Namespace, out: TextIO) -> None:
-    from ..chat.dialect import BUILTIN, builtin_files
+    from ..chat.template_file import BUILTIN, builtin_files
 
     files = builtin_files()
     aliases: dict[str, list[str]] = {}
@@ -339,7 +368,7 @@ def _templates(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _new_template(args: argparse.Namespace, out: TextIO) -> None:
-    from ..chat.dialect import starter_template
+    from ..chat.template_file import starter_template
     from ..markup.header import is_name
 
     if not is_name(args.name):
@@ -494,6 +523,9 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "new-template":
         _new_template(args, out)
     elif args.command in dataset.COMMANDS:
+        if args.command == "render-dataset":
+            # Checked before the template and tokenizer take their time to load.
+            require("xtml render-dataset", "data", "pyarrow")
         code = dataset.run(args, out)
     elif args.command in export.COMMANDS:
         code = export.run(args, out)

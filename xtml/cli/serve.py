@@ -13,13 +13,23 @@ from typing import Any, TextIO
 from ..errors import XtmlError
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP
+from .common import TOKENIZER_HELP, extra_missing, require
 from .output import UsageError
 
 COMMANDS = ("serve",)
 
+SERVE_MODULES = ("starlette", "uvicorn", "httptools", "aiohttp", "orjson")
+"""What the gateway cannot run without: the serve extra less uvloop, which
+uvicorn uses only when it is there (httptools is needed: the HTTP limits,
+xtml.serving.limits, are kept by uvicorn's httptools protocol)."""
+
+UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 1000 ** 2,
+         "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
+"""Units of a size on the command line: K, M, G and KiB, MiB, GiB are powers
+of 1024, kB, MB, GB powers of 1000 (case does not matter)."""
+
 KINDS = ("vllm", "sglang", "llamacpp")
-"""xtml.serving.backends.KINDS, spelled out: the serving modules are
+"""xtml.serving.engines.KINDS, spelled out: the serving modules are
 imported only when the command runs."""
 
 EPILOG = """examples:
@@ -68,6 +78,24 @@ def add_commands(sub: Any) -> None:
                         "the request fails with 504")
     s.add_argument("--no-grammar", dest="grammar", action="store_false",
                    help="never send the engine a completion grammar (for an engine without llguidance)")
+    limits = s.add_argument_group("limits", "What one client can make the server hold. SIZE is bytes, or a "
+                                            "number with a unit: K, M, G (KiB, MiB, GiB: powers of 1024) or kB, "
+                                            "MB, GB (powers of 1000)")
+    limits.add_argument("--max-body", type=_size, default=32 << 20, metavar="SIZE",
+                        help="largest request body (default: 32MiB); past it the answer is 413, before the rest "
+                             "is read")
+    limits.add_argument("--max-header-size", type=_size, default=64 << 10, metavar="SIZE",
+                        help="largest request line and headers of a request (default: 64KiB); past it: 431")
+    limits.add_argument("--max-header-lines", type=_count, default=100, metavar="N",
+                        help="most header lines in a request (default: 100); past it: 431")
+    limits.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                        help="longest time to receive a request's line and headers, from the connection's start "
+                             "or the request's first byte (default: 10); past it: 408 and the connection closed")
+    limits.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                        help="longest time a request body may send nothing (default: 30); past it: 408 and the "
+                             "connection closed")
+    limits.add_argument("--max-connections", type=_count, default=1000, metavar="N",
+                        help="most connections open at once (default: 1000); one more is answered 503 and closed")
     s.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default: info)")
 
@@ -93,24 +121,55 @@ def _seconds(s: str) -> float:
     return v
 
 
+def _size(s: str) -> int:
+    number = s.strip().rstrip("bBiIkKmMgG")
+    unit = s.strip()[len(number):].lower()
+    if unit not in UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size (bytes, or a number with K, M, G, KiB, MiB, GiB, kB, MB "
+                                         f"or GB), not {s!r}")
+    try:
+        v = float(number) * UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size (bytes, or a number with a unit), not {s!r}") from None
+    if not 1 <= v < 1 << 62:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, not {s!r}")
+    return int(v)
+
+
+def _count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {s!r}")
+    return v
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml serve`` until interrupted; returns the exit status."""
     if not args.backend.startswith(("http://", "https://")):
         raise UsageError(f"--backend must be an http:// or https:// URL, not {args.backend!r}")
+    require("xtml serve", "serve", *SERVE_MODULES)
     try:
         import uvicorn
 
         from ..serving.gateway import KEEP_ALIVE, check_backend_url, create_app
+        from ..serving.limits import Limits, protocol
     except ImportError as e:
-        raise ServeError(f"xtml serve needs starlette, uvicorn and aiohttp ({e.name} is missing): "
-                         "pip install 'xtml[serve]'") from None
+        if (e.name or "").partition(".")[0] == "xtml":
+            raise
+        raise ServeError(extra_missing("xtml serve", "serve", e.name or "a module")) from None
     check_backend_url(args.backend)  # before the tokenizer takes its time to load
     tpl = load(args.template)
     vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
     # Markers that do not fit the tokenizer are found now, not at the first request.
     tpl.bind(vocab)
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
-                     timeout=args.backend_timeout, grammar=args.grammar)
+                     timeout=args.backend_timeout, grammar=args.grammar, max_body=args.max_body)
+    limits = Limits(header_bytes=args.max_header_size, header_lines=args.max_header_lines,
+                    header_timeout=args.header_timeout, body_idle=args.body_timeout,
+                    connections=args.max_connections)
     # Listening before uvicorn starts: an address in use or a host that is
     # not this machine's is one line, not uvicorn's log and exit status.
     socks = _listen(args.host, args.port)
@@ -118,7 +177,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     shown = f"[{host}]" if ":" in host else host
     print(f"xtml serve: http://{shown}:{port}/v1 in front of {args.backend_kind} at {args.backend}", file=sys.stderr,
           flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE,
+                                           http=protocol(limits)))
     try:
         server.run(sockets=socks)
     finally:

@@ -1,7 +1,6 @@
 """The codec: a dialect and a vocabulary binding put to work, with no I/O.
 
-Render and encode (:mod:`.prompt` builds the generation prompt every path
-shares), parse in one go (:mod:`.parse`) and token by token
+Parse in one go (:mod:`.parse`) and token by token
 (:mod:`.stream`), conversations that render only their new turns
 (:mod:`.conversation`), training masks (:mod:`.training`), and the plan of
 what a completion may hold, for constrained decoding (:mod:`.completion`).

@@ -25,15 +25,19 @@ and only a message whose events differ is tokenized again: the events of a
 message decide its ids (each text is encoded on its own, tags and markers
 come from the binding's tables). A failed call leaves the conversation as
 it was.
+
+A conversation may be shared by threads: each call holds its lock for the
+whole of its work, so calls serialize and each sees the state another left.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from bisect import bisect_left
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from ..chat import fields
@@ -93,6 +97,41 @@ class _Recorder:
         self.events.append((_END, ()))
 
 
+@dataclass(slots=True, eq=False)
+class _Turn:
+    """One message, from what was appended to where its ids are: one record,
+    so that what is kept of a message is replaced all at once.
+
+    Never changed once the conversation holds it: a copy of the
+    conversation shares its turns."""
+
+    raw: dict[str, Any]
+    """The message as appended (a normalized copy), or the completion as
+    parsed."""
+    size: int
+    """What request_size counts of ``raw`` (0 with no ``max_chars``)."""
+    msg: Msg
+    """The message resolved (its ``index`` is the turn's)."""
+    events: list[Event]
+    """What it renders to, with its end marker."""
+    state: dict[str, Any] | None
+    """The plugins' render state before it renders (None: empty)."""
+    window: int | None
+    """Where a change after it is resolved from: the latest assistant
+    message up to it (tool results take their index, name and place in
+    their run from it), else the first tool result up to it."""
+    start: int
+    stop: int
+    """Its ids: ``Conversation._ids[start:stop]``. A run of tool results
+    renders in call order, so within one the ids need not follow the turns'
+    order."""
+
+
+_by_index = attrgetter("msg.index")
+_raw_of = attrgetter("raw")
+_size_of = attrgetter("size")
+
+
 class Conversation:
     """Messages, options and the ids they render to, kept up to date.
 
@@ -101,7 +140,7 @@ class Conversation:
     ``thinking``, ``thinking_effort`` ...; their aliases such as
     ``enable_thinking`` and ``functions`` are read as ``encode`` reads
     them). ``max_chars`` and ``unknown_keys`` are those of
-    ``Template.encode``.
+    ``Template.encode``. It may be shared by threads: its calls serialize.
     """
 
     def __init__(self, dialect: Dialect, binding: Binding, messages: Iterable[Any] = (), *,
@@ -113,30 +152,23 @@ class Conversation:
                               f"not {unknown_keys!r}", option="unknown_keys")
         self.dialect = dialect
         self.binding = binding
+        # Reentrant: a message's model_dump or a tokenizer may read the
+        # conversation back while a call holds it.
+        self._lock = threading.RLock()
         self._limit = max_chars
         self._ignore = unknown_keys == "ignore"
-        self._raw: list[dict[str, Any]] = []
-        """The messages as appended (normalized copies), by index."""
-        self._sizes: list[int] = []
+        self._turns: list[_Turn] = []
+        """The messages, in order."""
         self._size = 0
         """What request_size counts of the messages."""
         self._opts_size = 0
         self._opts: dict[str, Any] = {}
         self._o: Options = resolve_options(dialect, {})
         self._head: list[Event] = []
-        self._msgs: list[Msg] = []
-        """Resolved messages by position (render order: a run of tool
-        results may be reordered)."""
-        self._events: list[list[Event]] = []
-        self._states: list[dict[str, Any] | None] = []
-        """The plugins' render state before each position (None: empty)."""
         self._state_end: dict[str, Any] | None = None
+        """The plugins' render state after the last message."""
         self._ids: list[int] = []
         """Head and messages, closed: the history's ids."""
-        self._starts: list[int] = [0]
-        """Where each position's ids start in ``_ids``, and the end."""
-        self._assistants: list[int] = []
-        self._first_tool: int | None = None
         self._continuing = False
         opts = self._conversation_options(options)
         self._update(_copy_all(self._normalized(messages, 0)), 0, opts)
@@ -149,40 +181,49 @@ class Conversation:
         ``encode`` reads them: objects dumped, ``function_call`` as a tool
         call), and each completion as parsed. Read them; changing them in
         place would put the conversation out of step with its ids."""
-        return tuple(self._raw)
+        with self._lock:
+            return tuple(map(_raw_of, self._turns))
 
     @property
     def options(self) -> dict[str, Any]:
         """The conversation's options (a copy)."""
-        return dict(self._opts)
+        with self._lock:
+            return dict(self._opts)
 
     @property
     def tools(self) -> list[Any] | None:
         """The tool list as declared (Python functions made schemas), or None."""
-        return self._o.tools
+        with self._lock:
+            return self._o.tools
 
     @property
     def thinking(self) -> bool:
         """Whether the conversation renders thinking (and its generation
         prompt opens the think channel)."""
-        return self._o.thinking
+        with self._lock:
+            return self._o.thinking
 
     @property
     def ids(self) -> list[int]:
         """The ids of the messages so far, each closed: ``encode`` of the
         request with ``add_generation_prompt=False`` (a copy)."""
-        return list(self._ids)
+        with self._lock:
+            return list(self._ids)
 
     def __len__(self) -> int:
-        return len(self._raw)
+        with self._lock:
+            return len(self._turns)
 
     def __repr__(self) -> str:
-        return f"<xtml.Conversation {self.dialect.name!r}: {len(self._raw)} messages, {len(self._ids)} ids>"
+        with self._lock:
+            n, ids = len(self._turns), len(self._ids)
+        return f"<xtml.Conversation {self.dialect.name!r}: {n} messages, {ids} ids>"
 
     def request(self, **options: Any) -> dict[str, Any]:
         """The whole request as a chat-completions body: the messages, the
         conversation's options and ``options`` (one-shot ones, say)."""
-        return {"messages": list(self._raw), **self._opts, **options}
+        with self._lock:
+            return {"messages": list(map(_raw_of, self._turns)), **self._opts, **options}
 
     # -- changing ----------------------------------------------------------------------
 
@@ -195,10 +236,11 @@ class Conversation:
         """Add messages, in order, all or none: a bad one raises
         :class:`~xtml.errors.MessageError` with its index in the whole
         conversation."""
-        start = len(self._raw)
-        new = _copy_all(self._normalized(messages, start))
-        if new:
-            self._update(self._raw + new, start, None)
+        with self._lock:
+            start = len(self._turns)
+            new = _copy_all(self._normalized(messages, start))
+            if new:
+                self._update(new, start, None)
 
     def append_completion(self, ids: Sequence[int], *, lenient: bool = False) -> dict[str, Any]:
         """Read what the model generated after :meth:`prompt_ids` and add it
@@ -212,39 +254,43 @@ class Conversation:
         those ``tool_call_id``s. Strict by default: output that is not
         well-formed raises :class:`~xtml.errors.ParseError`, and nothing is
         added."""
-        prefill = self._raw[-1] if self._continuing and self._raw else None
-        parsed = parse(self.dialect, self.binding, ids, completion=True, thinking=self._o.thinking, prefill=prefill,
-                       lenient=lenient, max_chars=self._limit)
-        index = len(self._raw) - (prefill is not None)
-        for k, call in enumerate(parsed.get("tool_calls") or (), start=1):
-            call["id"] = call_id(index, k)
-        message = _copy({k: v for k, v in parsed.items() if k != "diagnostics"})
-        self._update([*self._raw[:index], message], index, None)
-        return parsed
+        with self._lock:
+            prefill = self._turns[-1].raw if self._continuing and self._turns else None
+            parsed = parse(self.dialect, self.binding, ids, completion=True, thinking=self._o.thinking,
+                           prefill=prefill, lenient=lenient, max_chars=self._limit)
+            index = len(self._turns) - (prefill is not None)
+            for k, call in enumerate(parsed.get("tool_calls") or (), start=1):
+                call["id"] = call_id(index, k)
+            message = _copy({k: v for k, v in parsed.items() if k != "diagnostics"})
+            self._update([message], index, None)
+            return parsed
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` messages (to retry a turn, say)."""
         if type(n) is not int or n < 0:
             raise RequestError(f"truncate keeps a number of messages, not {n!r}")
-        if n < len(self._raw):
-            self._update(self._raw[:n], n, None)
+        with self._lock:
+            if n < len(self._turns):
+                self._update([], n, None)
 
     def set_options(self, **options: Any) -> None:
         """Change conversation options (merged over the current ones as
         keyword options are over a request's; ``None`` removes one). What
         renders differently is tokenized again, from the first message whose
         markup changed; the rest keeps its ids."""
-        merged = {**self._opts, **self._conversation_options(options)}
-        opts = {k: v for k, v in merged.items() if v is not None}
-        if resolve_options(self.dialect, opts) == self._o:
-            # The same resolved options render the same: a server may pass a
-            # request's options every turn.
-            size = self._options_size(opts) if self._limit is not None else 0
-            if self._limit is not None:
-                self._check_size(self._size + size)
-            self._opts, self._opts_size = opts, size
-            return
-        self._update(self._raw, len(self._raw), opts)
+        given = self._conversation_options(options)
+        with self._lock:
+            merged = {**self._opts, **given}
+            opts = {k: v for k, v in merged.items() if v is not None}
+            if resolve_options(self.dialect, opts) == self._o:
+                # The same resolved options render the same: a server may
+                # pass a request's options every turn.
+                size = self._options_size(opts) if self._limit is not None else 0
+                if self._limit is not None:
+                    self._check_size(self._size + size)
+                self._opts, self._opts_size = opts, size
+                return
+            self._update([], len(self._turns), opts)
 
     def set_tools(self, tools: Sequence[Any] | None) -> None:
         """Replace the tool list (None or ``[]``: no tools)."""
@@ -252,12 +298,24 @@ class Conversation:
 
     def copy(self) -> Conversation:
         """An independent conversation with the same messages and ids (to
-        try several continuations, say)."""
-        other = copy.copy(self)
-        for name in ("_raw", "_sizes", "_msgs", "_events", "_states", "_ids", "_starts", "_assistants"):
-            setattr(other, name, list(getattr(self, name)))
-        other._opts = dict(self._opts)
-        return other
+        try several continuations, say). It has its own lock."""
+        return copy.copy(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock neither copies nor pickles: a copy gets its own
+        # (__setstate__), and the state is taken whole, under this one. The
+        # turns are never changed once held, so they are shared.
+        with self._lock:
+            state = dict(self.__dict__)
+            state["_turns"] = list(self._turns)
+            state["_ids"] = list(self._ids)
+            state["_opts"] = dict(self._opts)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # -- the prompt --------------------------------------------------------------------
 
@@ -272,6 +330,10 @@ class Conversation:
         if bad:
             raise OptionError(f"{bad[0]} is an option of the whole conversation: change it with set_options()",
                               option=bad[0])
+        with self._lock:
+            return self._prompt_ids(one)
+
+    def _prompt_ids(self, one: dict[str, Any]) -> list[int]:
         if self._limit is not None and one:
             self._check_size(self._size + self._opts_size + self._options_size(one))
         o = self._o
@@ -279,17 +341,21 @@ class Conversation:
             r = resolve_options(self.dialect, one)
             o = replace(o, tool_choice=r.tool_choice, response_format=r.response_format,
                         add_generation_prompt=r.add_generation_prompt, continue_final=r.continue_final)
-        final = final_message(self._msgs) if o.continue_final else None
+        # The last message is the last one rendered unless it is a tool
+        # result (a run of them renders in call order), which cannot be
+        # continued either way.
+        last = self._turns[-1] if self._turns else None
+        final = final_message([last.msg] if last is not None else []) if o.continue_final else None
         rec = _Recorder()
         s = RenderState(self.dialect, o, rec)
-        state = self._states[-1] if final is not None else self._state_end
+        state = last.state if last is not None and final is not None else self._state_end
         if state:
             s.ctx.state = copy.deepcopy(state)
         render_tail(s, final)
         tail = self._tokenize(rec.events)
         self._continuing = final is not None
-        if final is not None:
-            return self._ids[: self._starts[-2]] + tail
+        if last is not None and final is not None:
+            return self._ids[: last.start] + tail
         return self._ids + tail
 
     def stream(self, *, keep: bool = True, lenient: bool = True) -> StreamParser:
@@ -297,7 +363,7 @@ class Conversation:
         generation prompt of :meth:`prompt_ids` (see ``Template.stream``; not
         after ``continue_final_message``); add its final message with
         :meth:`append`, or the ids with :meth:`append_completion`."""
-        return StreamParser(self.dialect, self.binding, thinking=self._o.thinking, keep=keep, lenient=lenient)
+        return StreamParser(self.dialect, self.binding, thinking=self.thinking, keep=keep, lenient=lenient)
 
     # -- inside ------------------------------------------------------------------------
 
@@ -340,12 +406,8 @@ class Conversation:
         differently: the latest assistant message before it (tool results
         are resolved against it), or the first tool result when there is
         none."""
-        k = bisect_left(self._assistants, start)
-        if k:
-            return self._assistants[k - 1]
-        if self._first_tool is not None and self._first_tool < start:
-            return self._first_tool
-        return start
+        window = self._turns[start - 1].window if start else None
+        return start if window is None else window
 
     def _resolve(self, window: list[Any], w: int, o: Options) -> list[Msg]:
         request: dict[str, Any] = {"messages": window, "thinking": o.thinking}
@@ -397,29 +459,32 @@ class Conversation:
             batch = iter([self._tokenize(ev) for ev, a in zip(messages, alone) if not a])
         return [self._tokenize(ev) if a else next(batch) for ev, a in zip(messages, alone)]
 
-    def _update(self, raw: list[dict[str, Any]], start: int, opts: dict[str, Any] | None) -> None:
-        """Make ``raw`` the messages (the first ``start`` of them unchanged)
-        and ``opts`` the options (None: unchanged; else every message is
+    def _update(self, new: list[dict[str, Any]], start: int, opts: dict[str, Any] | None) -> None:
+        """Keep the first ``start`` messages and put ``new`` after them, and
+        make ``opts`` the options (None: unchanged; else every message is
         rendered again). Everything is computed before anything is changed."""
         d = self.dialect
+        turns = self._turns
         if opts is None:
             o = self._o
             # Only tool results are resolved against the messages before
             # them: other messages appended render alike whatever precedes.
-            w = self._window(start) if start < len(self._raw) or any(
-                _is_tool(d, m) for m in raw[start:]) else start
+            w = self._window(start) if start < len(turns) or any(_is_tool(d, m) for m in new) else start
         else:
             o = resolve_options(d, opts)
             w = 0
-        sizes, size, opts_size = self._sizes, self._size, self._opts_size
+        size, opts_size = self._size, self._opts_size
+        new_sizes = [0] * len(new)
         if self._limit is not None:
-            new = [request_size(m, self._limit) for m in raw[start:]]
-            size += sum(new) - sum(sizes[start:])
-            sizes = sizes[:start] + new
+            new_sizes = [request_size(m, self._limit) for m in new]
+            size += sum(new_sizes) - sum(t.size for t in turns[start:])
             if opts is not None:
                 opts_size = self._options_size(opts)
             self._check_size(size + opts_size)
-        msgs = self._resolve(raw[w:], w, o)
+        kept = turns[w:start]
+        raw = [*map(_raw_of, kept), *new]
+        sizes = [*map(_size_of, kept), *new_sizes]
+        msgs = self._resolve(raw, w, o)
 
         head = self._head
         head_ids: list[int] | None = None
@@ -430,66 +495,75 @@ class Conversation:
             if head != self._head:
                 head_ids = self._tokenize(head)
 
-        # The messages from the window on, as events, from the plugin state
-        # left by the messages before it.
+        # The messages from the window on, in render order, as events, from
+        # the plugin state left by the messages before it (the window starts
+        # a run of tool results if it is in one, so it renders first).
         s = RenderState(d, o, None)
-        before = self._states[w] if w < len(self._states) else self._state_end
+        before = turns[w].state if w < len(turns) else self._state_end
         if before:
             s.ctx.state = copy.deepcopy(before)
         render_one = message_renderer(s)
-        events: list[list[Event]] = []
-        states: list[dict[str, Any] | None] = []
-        for m in msgs:
-            states.append(copy.deepcopy(s.ctx.state) if s.ctx.state else None)
-            rec = _Recorder()
-            s.sink = rec
+        made: list[_Turn] = []
+        moved = False
+        # Render order differs from message order only inside a run of tool
+        # results after an assistant message, where the window stays put:
+        # it can be followed in render order.
+        window = turns[w - 1].window if w else None
+        # One recorder whose list each message takes: an object fewer per
+        # message, which shows when options change and all render again.
+        rec = _Recorder()
+        s.sink = rec
+        for p, m in enumerate(msgs):
+            state = copy.deepcopy(s.ctx.state) if s.ctx.state else None
             render_one(m)
-            events.append(rec.events)
+            i = m.index - w
+            moved = moved or i != p
+            if m.role == "assistant" or (window is None and m.role == "tool"):
+                window = m.index
+            made.append(_Turn(raw[i], sizes[i], m, rec.events, state, window, 0, 0))
+            rec.events = []
         state_end = copy.deepcopy(s.ctx.state) if s.ctx.state else None
 
         # Ids: kept where the events are those kept, else tokenized.
-        old_ids, old_starts, old_events = self._ids, self._starts, self._events
+        old_ids = self._ids
         pieces: list[list[int]] = []
         fresh: list[int] = []
-        for p, ev in enumerate(events, start=w):
-            if p < len(old_events) and old_events[p] == ev:
-                pieces.append(old_ids[old_starts[p] : old_starts[p + 1]])
+        for t in made:
+            i = t.msg.index
+            old = turns[i] if i < len(turns) else None
+            if old is not None and old.events == t.events:
+                pieces.append(old_ids[old.start : old.stop])
             else:
                 fresh.append(len(pieces))
                 pieces.append(_NO_IDS)
-        for k, ids in zip(fresh, self._tokenize_many([events[k] for k in fresh])):
+        for k, ids in zip(fresh, self._tokenize_many([made[k].events for k in fresh])):
             pieces[k] = ids
-        at = old_starts[w] if head_ids is None else len(head_ids)
-        starts = []
-        for piece in pieces:
-            starts.append(at)
+        cut = turns[w].start if w < len(turns) else len(old_ids)
+        at = cut if head_ids is None else len(head_ids)
+        for t, piece in zip(made, pieces):
+            t.start = at
             at += len(piece)
-        starts.append(at)
+            t.stop = at
+        # The turns go in message order, which truncating and windows count
+        # in; their ids stay in render order.
+        if moved:
+            made.sort(key=_by_index)
 
         # Commit: nothing below raises.
         if head_ids is not None:
             self._ids = head_ids
         else:
-            del self._ids[old_starts[w] :]
+            del self._ids[cut:]
         for piece in pieces:
             self._ids.extend(piece)
         self._head = head
-        self._raw = raw
-        self._sizes = sizes
         self._size = size
         self._opts_size = opts_size
         if opts is not None:
             self._opts = opts
             self._o = o
-        self._msgs[w:] = msgs
-        self._events[w:] = events
-        self._states[w:] = states
+        turns[w:] = made
         self._state_end = state_end
-        self._starts[w:] = starts
-        del self._assistants[bisect_left(self._assistants, w) :]
-        self._assistants.extend(m.index for m in msgs if m.role == "assistant")
-        if self._first_tool is None or self._first_tool >= w:
-            self._first_tool = next((m.index for m in msgs if m.role == "tool"), None)
         self._continuing = False
 
 

@@ -46,10 +46,13 @@ def prefill_element(d: Dialect, message: Any, thinking: bool, max_chars: int | N
 
 def parse(d: Dialect, binding: Binding | None, data: Sequence[Any] | str, *, completion: bool = False,
           lenient: bool = False, thinking: bool | None = None, prefill: Any = None,
-          max_chars: int | None = None) -> dict[str, Any]:
+          max_chars: int | None = None, repaired_calls: bool = False) -> dict[str, Any]:
     """Token ids (``binding`` given) or text back to a request; with
     ``completion``, what a model generated after the generation prompt back
-    to one assistant message. See :meth:`xtml.Template.parse`."""
+    to one assistant message. A lenient parse of text withholds the tool
+    calls that exist only because of a repair unless ``repaired_calls``
+    (:mod:`xtml.chat.parse` says which); ids keep every call. See
+    :meth:`xtml.Template.parse`."""
     check_size(data, max_chars)
     kept: list[int] | None = None
     skipped: list[Diagnostic] = []
@@ -57,7 +60,8 @@ def parse(d: Dialect, binding: Binding | None, data: Sequence[Any] | str, *, com
             and isinstance(data, Sequence):
         data, kept, skipped = skip_bad_ids(data, binding.vocab.size)
     try:
-        result, diags = _parse(d, binding, data, completion, lenient, thinking, prefill, max_chars)
+        result, diags = _parse(d, binding, data, completion, lenient, thinking, prefill, max_chars,
+                               lenient and not repaired_calls and isinstance(data, str))
     except RecursionError:
         raise ParseError("input nested too deeply", offset=0) from None
     if lenient:
@@ -71,7 +75,8 @@ def parse(d: Dialect, binding: Binding | None, data: Sequence[Any] | str, *, com
 
 
 def _parse(d: Dialect, binding: Binding | None, data: Sequence[Any] | str, completion: bool, lenient: bool,
-           thinking: bool | None, prefill: Any, max_chars: int | None) -> tuple[dict[str, Any], list[Diagnostic]]:
+           thinking: bool | None, prefill: Any, max_chars: int | None,
+           withhold: bool) -> tuple[dict[str, Any], list[Diagnostic]]:
     on = d.thinking_default if thinking is None else thinking
     if prefill is not None and not completion:
         raise TypeError("prefill= is the start of a completion: pass completion=True")
@@ -116,8 +121,8 @@ def _parse(d: Dialect, binding: Binding | None, data: Sequence[Any] | str, compl
         else:
             doc = build(lx, lenient=lenient, source=source)
         if completion:
-            return parse_completion(d, doc, thinking=on, lenient=lenient, shift=shift)
-        return parse_conversation(d, doc, lenient=lenient)
+            return parse_completion(d, doc, thinking=on, lenient=lenient, shift=shift, withhold_repaired=withhold)
+        return parse_conversation(d, doc, lenient=lenient, withhold_repaired=withhold)
     except ParseError as e:
         raise e.moved(shift, source) from None
 

@@ -29,7 +29,8 @@ from codecs import utf_8_decode as _utf8
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, ClassVar
 
 from ..chat.channels import read_call
 from ..chat.dialect import Dialect
@@ -43,7 +44,7 @@ from ..vocab.binding import Binding, split_text_marks
 from ..vocab.ids import as_id, bad_id
 from ..vocab.vocabulary import Vocabulary
 
-__all__ = ["StreamEvent", "StreamParser"]
+__all__ = ["StreamEvent", "StreamParser", "StreamState"]
 
 # A run's text is gathered in pieces and joined into chunks of this many, so
 # that ending a long run joins a few chunks rather than one piece per token.
@@ -93,6 +94,8 @@ class _Sink:
 
     type: str
     channel: str | None = None
+    """Set for a channel's text only, whose type is then ``text`` (feed's
+    short path goes by it)."""
     index: int | None = None
     key: str | None = None
 
@@ -112,8 +115,9 @@ class _Open:
         self.seen = len(frame.children)
         """How many of its children the stream has looked at."""
         self.role = ""
-        """What it is to the message: ``message``, ``think``, ``response``,
-        ``tools``, ``call``, ``argument``, or nothing."""
+        """What it is to the message: ``message``, a channel by what it holds
+        (``reasoning``, ``content``, ``tool_calls``), ``call``, ``argument``,
+        ``hoisted`` (a channel another was opened inside), or nothing."""
         self.text: _Sink | None = None
         """Where its body text goes."""
         self.embed: _Sink | None = None
@@ -122,6 +126,125 @@ class _Open:
         self.index = 0
         self.key: str | None = None
         self.calls = 0
+
+
+class StreamState(Enum):
+    """Where a :class:`StreamParser` is (its ``state``).
+
+    READY → READING at the first token (or ``close``); READING → REFUSED when
+    the tree builder refuses the input; READING or REFUSED → ENDED at the end
+    marker or ``close``; any of them → FAILED when a strict stream raises.
+    """
+
+    READY = "ready"
+    """Nothing fed yet: ``message_start`` and the events of the generation
+    prompt go out with the first token."""
+    READING = "reading"
+    """The message is open: markers step the tree builder, text streams to
+    where the open elements say."""
+    REFUSED = "refused"
+    """The builder refused the input (nesting past the limit; lenient only):
+    nothing more is read but the end marker, which ends the message with the
+    calls read so far."""
+    ENDED = "ended"
+    """``message_end`` went out; more output is reported once, as trailing."""
+    FAILED = "failed"
+    """A strict stream raised: every call raises the same error again."""
+
+
+# Checked per token: a module constant is one global lookup, where
+# StreamState.X is an Enum class attribute (several times slower).
+_READY, _READING, _REFUSED, _ENDED, _FAILED = StreamState
+
+
+@dataclass(slots=True)
+class _Ready:
+    """READY: the events of the generation prompt, which go out after
+    ``message_start`` (the prompt is read when the parser is made)."""
+
+    startup: list[StreamEvent]
+    state: ClassVar[StreamState] = _READY
+
+
+@dataclass(slots=True)
+class _Reading:
+    """READING: what it reads is the parser's current run of text and tree."""
+
+    state: ClassVar[StreamState] = _READING
+
+
+@dataclass(slots=True)
+class _Refused:
+    """REFUSED: nothing is read, so nothing is kept."""
+
+    state: ClassVar[StreamState] = _REFUSED
+
+
+@dataclass(slots=True)
+class _Ended:
+    trailing: bool = False
+    """Output after the end was reported (once)."""
+    state: ClassVar[StreamState] = _ENDED
+
+
+@dataclass(slots=True)
+class _Failed:
+    error: ParseError
+    state: ClassVar[StreamState] = _FAILED
+
+
+_Phase = _Ready | _Reading | _Refused | _Ended | _Failed
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """The run of text being read: the ids since the last marker, one text
+    lexeme for the tree builder when the next marker (or the end) comes.
+
+    Where it goes is settled when it starts: ``sink``, or None for text that
+    does not stream (a tag's header, an embed, text outside the message),
+    decoded once, when it ends. One object serves every run of a parser
+    (``restart`` after each marker): a marker costs no allocation of it.
+    """
+
+    sink: _Sink | None
+    ids: list[int] | None
+    """Its ids, for the decode of the whole run at its end; None when its
+    text is only streamed, not kept (a channel's text without keep, when
+    nothing else needs the ids)."""
+    blank: bool
+    """Its lexeme goes to the tree empty (a channel's text without keep)."""
+    header: bool
+    """It follows a tag marker: a header, where no placeholder is looked for."""
+    at: int = -1
+    """Offset of its first id; -1 while it has none."""
+    pieces: list[str] = field(default_factory=list)
+    """Its text so far, as streamed, joined into ``chunks`` every _CHUNK."""
+    chunks: list[str] = field(default_factory=list)
+    lossy: bool = False
+    """It held invalid UTF-8: the vocabulary's own decode settles the text."""
+    pend: bytes = b""
+    """Bytes of a character cut across tokens, waiting for the rest."""
+    group: list[int] = field(default_factory=list)
+    """Byte-fallback ids, decoded together (a tokenizer that is not byte-level)."""
+    hold: str = ""
+    """A tail that may begin a placeholder spelled as text."""
+    stream: Any = None
+    """The tokenizer's incremental decoder (a tokenizer that is not byte-level)."""
+
+    def restart(self, sink: _Sink | None, ids: list[int] | None, blank: bool, header: bool) -> None:
+        """The next run, empty, going to ``sink``."""
+        self.sink = sink
+        self.ids = ids
+        self.blank = blank
+        self.header = header
+        self.at = -1
+        self.pieces = []
+        self.chunks = []
+        self.lossy = False
+        self.pend = b""
+        self.group = []
+        self.hold = ""
 
 
 class StreamParser:
@@ -171,11 +294,16 @@ class StreamParser:
         self._text_strs = binding.text_strs()
         self._byte_ids = frozenset() if self._table else _byte_fallback_ids(vocab)
         self._marks = binding.text_marks
-        self._channels = frozenset(d.channels())
-        self._order = {tag: k for k, tag in enumerate(d.channels())}
+        # What each channel holds decides how the stream reads it (a role of
+        # _Open below is the kind a channel holds).
+        self._holds = {ch.tag: ch.holds for ch in d.assistant_channels}
+        self._channels = frozenset(self._holds)
+        self._order = {ch.tag: k for k, ch in enumerate(d.assistant_channels)}
+        self._content_tag = d.channel_tag("content")
+        self._tools_tag = d.channel_tag("tool_calls")
         # A call is read as the batch reads it the moment it closes.
-        self._tools = "tools" in d.channel_order
-        self._tools_path = f"{n['message']}/{n['tools']}"
+        self._tools = self._tools_tag is not None
+        self._tools_path = f"{n['message']}/{self._tools_tag}"
         self._tb = TreeBuilder(lenient=lenient)
         self._view: list[_Open] = []
         self._tail: deque[tuple[str, str]] = deque(maxlen=3)
@@ -190,50 +318,52 @@ class StreamParser:
         self._has_message = False
         self._closed_message = False
         self._offset = 0
-        self._started = False
-        self._done = False
-        self._refused = False
-        self._trailing = False
-        self._failed: ParseError | None = None
         self._calls: list[dict[str, Any]] = []
         self._reader = Reader(d, lenient)
-        # The run of text being read: where it started, its ids and text so
-        # far, whether it held invalid UTF-8, a tail that may start a
-        # placeholder, and where it goes.
-        self._run_at = -1
-        self._run_ids: list[int] = []
-        self._pieces: list[str] = []
-        self._chunks: list[str] = []
-        self._lossy = False
-        self._pend = b""
-        self._group: list[int] = []
-        self._hold = ""
-        self._stream: Any = None
-        self._sink: _Sink | None = None
-        # The sink while the current run can take feed's short path (a
-        # byte-level vocabulary, no placeholder spelled as text, the run
-        # started); None otherwise.
-        self._fast: _Sink | None = None
-        self._collect = True
-        self._blank = False
-        self._header = False
+        # Where the parser is: the state object, and its StreamState kept
+        # beside it (set together by _enter) for a check per token.
+        self._at: _Phase
+        self._state: StreamState
+        # The current run while it may take feed's short path (it started,
+        # streams on a byte-level vocabulary that spells no placeholder as
+        # text, and holds no byte back); None otherwise, and always outside
+        # READING. The one hot flag: feed tests it before anything else, so
+        # that most tokens look at no state.
+        self._fast: _Run | None = None
+        startup: list[StreamEvent] = []
+        self._enter(_Ready(startup))
         # The generation prompt opened the message (and its first channel):
         # its lexemes start the tree, as the batch parser prepends them.
         self._shift, lexemes = _prompt_lexemes(d, binding, self.thinking)
         for k, t, o in lexemes:
             self._push(k, t, o)
-        self._startup: list[StreamEvent] = []
         self._tb.advance()
-        self._sync(0, self._startup, 0)
+        self._sync(0, startup, 0)
         self._tb.drop_consumed()
+        self._run = _Run(None, [], False, False)
         self._new_run()
+
+    @property
+    def state(self) -> StreamState:
+        """Where the parser is: READY until the first token, READING while
+        the message is open, REFUSED after the builder refused the input
+        (lenient), ENDED after ``message_end``, FAILED after a strict stream
+        raised."""
+        return self._state
+
+    def _enter(self, to: _Phase) -> None:
+        self._at = to
+        self._state = to.state
+        # Only a READING parser streams text; a new state starts off the
+        # short path and _feed puts it back on.
+        self._fast = None
 
     # -- feeding -------------------------------------------------------------------
 
     def feed(self, token_id: int) -> list[StreamEvent]:
         """The events completed by one more generated token."""
-        sink = self._fast
-        if sink is not None:
+        run = self._fast
+        if run is not None:
             # Most tokens: text of a run that streams, no bytes held back.
             # What _feed does for them, in one call instead of five. The
             # tables have None for marker ids and end with the vocabulary;
@@ -253,51 +383,53 @@ class StreamParser:
                 if raw is not None:
                     s, used = _utf8(raw, "replace", False)
                     if used < len(raw):
-                        self._pend = raw[used:]
+                        run.pend = raw[used:]
                         self._fast = None
                     if "\ufffd" in s:
-                        self._lossy = True
+                        run.lossy = True
             if s is not None:
                 at = self._offset
                 self._offset = at + 1
-                if self._collect:
-                    self._run_ids.append(token_id)
+                ids = run.ids
+                if ids is not None:
+                    ids.append(token_id)
                     if s:
-                        pieces = self._pieces
+                        pieces = run.pieces
                         pieces.append(s)
                         if len(pieces) >= _CHUNK:
-                            self._chunks.append("".join(pieces))
+                            run.chunks.append("".join(pieces))
                             pieces.clear()
                 if not s:
                     return []
-                if sink.index is None:
+                # A run on the short path streams: its sink is set.
+                sink = run.sink
+                channel = sink.channel  # type: ignore[union-attr]
+                if channel is not None:
                     # Channel text, by far the most common, has no index or
                     # key, and the generated __init__ fills defaults faster
-                    # than it takes arguments.
-                    return [StreamEvent(sink.type, at, sink.channel, s)]
-                return [StreamEvent(sink.type, at, sink.channel, s, sink.index, None, sink.key)]
+                    # than it takes arguments; its type is known.
+                    return [StreamEvent("text", at, channel, s)]
+                return [StreamEvent(sink.type, at, None, s, sink.index, None, sink.key)]  # type: ignore[union-attr]
         out: list[StreamEvent] = []
-        if self._failed is not None:
-            raise self._failed
+        if self._state is _FAILED:
+            raise self._failure()
         try:
             self._feed(token_id, out)
         except ParseError as e:
-            self._failed = e
-            self._fast = None
+            self._enter(_Failed(e))
             raise
         return out
 
     def feed_many(self, ids: Iterable[int]) -> list[StreamEvent]:
         """The events completed by several tokens, in order."""
         out: list[StreamEvent] = []
-        if self._failed is not None:
-            raise self._failed
+        if self._state is _FAILED:
+            raise self._failure()
         try:
             for t in ids:
                 self._feed(t, out)
         except ParseError as e:
-            self._failed = e
-            self._fast = None
+            self._enter(_Failed(e))
             raise
         return out
 
@@ -305,99 +437,119 @@ class StreamParser:
         """End of the stream: the final message (and any repairs). Once
         the message has ended, nothing."""
         out: list[StreamEvent] = []
-        if self._failed is not None:
-            raise self._failed
-        if self._done:
+        state = self._state
+        if state is _FAILED:
+            raise self._failure()
+        if state is _ENDED:
             return out
         self._fast = None
         try:
-            if not self._started:
+            if state is _READY:
                 self._start(out)
             self._finish(out, None)
         except ParseError as e:
-            self._failed = e
-            self._fast = None
+            self._enter(_Failed(e))
             raise
         return out
 
+    def _failure(self) -> ParseError:
+        failed = self._at
+        assert type(failed) is _Failed
+        return failed.error
+
     def _start(self, out: list[StreamEvent]) -> None:
-        self._started = True
+        ready = self._at
+        assert type(ready) is _Ready
+        self._enter(_Reading())
         out.append(StreamEvent("message_start", 0, role="assistant"))
-        out += self._startup
+        out += ready.startup
 
     def _feed(self, t: Any, out: list[StreamEvent]) -> None:
         at = self._offset
         self._offset = at + 1
-        if not self._started:
+        if self._state is not _READING:
+            if self._state is not _READY:
+                self._past(t, at, out)
+                return
             self._start(out)
         if type(t) is not int or not 0 <= t < self._size:
             t = self._checked(t, at, out)
             if t is None:
                 return
-        if self._done:
-            if not self._trailing:
-                self._trailing = True
-                self._diag(out, "trailing-output", at, "output continues after the end of the message")
-            return
         kind = self._kinds.get(t)
         if kind is not None:
             self._marker(t, kind, at, out)
             return
-        if self._run_at < 0:
-            if self._refused:
-                return
-            self._run_at = at
-        if self._sink is None:
+        run = self._run
+        if run.at < 0:
+            run.at = at
+        ids = run.ids
+        if ids is not None:
+            ids.append(t)
+        sink = run.sink
+        if sink is None:
             # Not streamed (a tag header, an embed, text outside the
             # message): decoded once, when the run ends.
-            self._run_ids.append(t)
             return
-        collect = self._collect
-        if collect:
-            self._run_ids.append(t)
         table = self._table
         if table:
             # Incremental UTF-8: the bytes of a character cut across tokens
             # wait for the rest.
             b = table[t]
-            if self._pend:
-                b = self._pend + b
+            pend = run.pend
+            if pend:
+                b = pend + b
             s, used = _utf8(b, "replace", False)
-            self._pend = b[used:] if used < len(b) else b""
+            run.pend = pend = b[used:] if used < len(b) else b""
             if not self._marks:
-                self._fast = None if self._pend else self._sink
+                self._fast = None if pend else run
         elif t in self._byte_ids:
             # A byte of a byte-fallback tokenizer: its decoder reads a run of
             # them together (invalid UTF-8 replaces every byte of it), so the
             # run goes to the decoder whole, when it ends.
-            self._group.append(t)
+            run.group.append(t)
             return
-        elif self._group:
-            self._group.append(t)
-            s = self._stream.step(self._vocab.tokenizer, self._group) or ""
-            self._group = []
+        elif run.group:
+            run.group.append(t)
+            s = run.stream.step(self._vocab.tokenizer, run.group) or ""
+            run.group = []
         else:
-            s = self._stream.step(self._vocab.tokenizer, t) or ""
+            s = run.stream.step(self._vocab.tokenizer, t) or ""
         if not s:
             return
         if "\ufffd" in s:
-            self._lossy = True
-        if collect:
-            pieces = self._pieces
+            run.lossy = True
+        if ids is not None:
+            pieces = run.pieces
             pieces.append(s)
             if len(pieces) >= _CHUNK:
-                self._chunks.append("".join(pieces))
+                run.chunks.append("".join(pieces))
                 pieces.clear()
         if self._marks:
             self._split(s, at, out)
         else:
             self._emit_text(s, at, out)
 
+    def _past(self, t: Any, at: int, out: list[StreamEvent]) -> None:
+        """A token once the message is no longer read: when refused, the end
+        marker still ends it; when ended, the first is reported as trailing."""
+        if type(t) is not int or not 0 <= t < self._size:
+            t = self._checked(t, at, out)
+            if t is None:
+                return
+        ended = self._at
+        if type(ended) is _Ended:
+            if not ended.trailing:
+                ended.trailing = True
+                self._diag(out, "trailing-output", at, "output continues after the end of the message")
+        elif self._state is _REFUSED and self._kinds.get(t) == END:
+            self._finish(out, at)
+
     def _checked(self, t: Any, at: int, out: list[StreamEvent]) -> int | None:
         """An id as an int (integers of other types are ids too, as in batch
         parses), or None, reported, for what is no id of the vocabulary."""
         i = as_id(t, self._size)
-        if i is not None or self._refused or self._done:
+        if i is not None or self._state is not _READING:
             return i
         # Batch parses refuse such input; the stream skips the id, as if it
         # were not there.
@@ -408,40 +560,36 @@ class StreamParser:
     # -- text --------------------------------------------------------------------
 
     def _new_run(self) -> None:
-        self._new_run_ids()
-        self._route()
-
-    def _route(self) -> None:
-        """Where the next run of text goes, from the open elements."""
+        """The next run of text, routed by the open elements."""
+        self._fast = None
+        run = self._run
         tb = self._tb
-        self._sink = None
-        self._collect = True
-        self._blank = False
-        self._header = bool(self._tail) and self._tail[-1][0] in (OPEN, CLOSE)
-        if self._done or self._refused or tb.next < len(tb.lexemes.kinds) or not self._view:
+        header = bool(self._tail) and self._tail[-1][0] in (OPEN, CLOSE)
+        sink = self._view[-1].text if self._view else None
+        state = self._state
+        if sink is None or state is _REFUSED or state is _ENDED or tb.next < len(tb.lexemes.kinds):
+            run.restart(None, [], False, header)
             return
-        sink = self._view[-1].text
-        if sink is None:
-            return
-        self._sink = sink
         # Without keep, a channel's text goes out and is not kept (what
         # else the tree needs of it: placeholders spelled as text).
-        self._blank = not self.keep and sink.type == "text"
-        self._collect = not self._blank or bool(self._marks) or not self._table
+        blank = not self.keep and sink.type == "text"
+        collect = not blank or bool(self._marks) or not self._table
+        run.restart(sink, [] if collect else None, blank, header)
         if not self._table:
             from tokenizers.decoders import DecodeStream
 
-            self._stream = DecodeStream(skip_special_tokens=False)
+            run.stream = DecodeStream(skip_special_tokens=False)
 
     def _emit_text(self, s: str, at: int, out: list[StreamEvent]) -> None:
         """Characters of the current run, to where it goes."""
-        out.append(self._sink.event(at, s))  # type: ignore[union-attr]
+        out.append(self._run.sink.event(at, s))  # type: ignore[union-attr]
 
     def _split(self, s: str, at: int, out: list[StreamEvent]) -> None:
         """Text with placeholders that the vocabulary spells as text: each is
         an embed, found in the text as the batch lexer finds it; a tail that
         may begin one is held until it is known."""
-        buf = self._hold + s
+        run = self._run
+        buf = run.hold + s
         marks = self._marks
         while True:
             hits = [(buf.find(m), m) for m in marks if m in buf]
@@ -462,7 +610,7 @@ class StreamParser:
                     cut = p
                     break
                 p = buf.find(c, p + 1)
-        self._hold = buf[cut:]
+        run.hold = buf[cut:]
         if cut:
             self._emit_text(buf[:cut], at, out)
 
@@ -470,45 +618,47 @@ class StreamParser:
         """A marker (or the end) ends the run of text: its lexemes, decoded
         as the batch decodes the run, go to the tree builder. Returns how
         many there are."""
-        if self._run_at < 0:
+        run = self._run
+        if run.at < 0:
             return 0
-        sink = self._sink
         text = ""
-        if sink is None:
-            text = self._vocab.decode_batch([self._run_ids])[0]
+        if run.sink is None:
+            # A run that does not stream keeps its ids.
+            assert run.ids is not None
+            text = self._vocab.decode_batch([run.ids])[0]
         elif self._table:
-            tail = _utf8(self._pend, "replace", True)[0] if self._pend else ""
-            self._pend = b""
+            tail = _utf8(run.pend, "replace", True)[0] if run.pend else ""
+            run.pend = b""
             if tail:
-                self._lossy = True
-                self._pieces.append(tail)
+                run.lossy = True
+                run.pieces.append(tail)
                 self._stream_text(tail, at, out)
-            if self._collect:
-                text = "".join([*self._chunks, *self._pieces])
-                if self._lossy:
+            if run.ids is not None:
+                text = "".join([*run.chunks, *run.pieces])
+                if run.lossy:
                     # Invalid UTF-8: the vocabulary's own replacement rules.
                     text = self._settle(text, at, out)
         else:
-            if self._group:
-                s = self._stream.step(self._vocab.tokenizer, self._group) or ""
-                self._group = []
+            if run.group:
+                s = run.stream.step(self._vocab.tokenizer, run.group) or ""
+                run.group = []
                 if s:
-                    self._pieces.append(s)
+                    run.pieces.append(s)
                     self._stream_text(s, at, out)
             # Incremental decoding is the tokenizer's own guess; the run
             # decoded whole is the batch's text, and what is missing of it
             # is sent now.
-            text = self._settle("".join([*self._chunks, *self._pieces]), at, out)
-        if self._hold:
-            self._emit_text(self._hold, at, out)
-        off = self._shift + self._run_at
-        if self._marks and not self._header:
+            text = self._settle("".join([*run.chunks, *run.pieces]), at, out)
+        if run.hold:
+            self._emit_text(run.hold, at, out)
+        off = self._shift + run.at
+        if self._marks and not run.header:
             lx = split_text_marks(Lexemes([TEXT], [text], [off]), self._marks)
             pieces = list(zip(lx.kinds, lx.texts))
         else:
             pieces = [(TEXT, text)]
         for k, t in pieces:
-            self._push(k, "" if self._blank and k == TEXT else t, off)
+            self._push(k, "" if run.blank and k == TEXT else t, off)
         return len(pieces)
 
     def _stream_text(self, s: str, at: int, out: list[StreamEvent]) -> None:
@@ -518,21 +668,16 @@ class StreamParser:
             self._emit_text(s, at, out)
 
     def _settle(self, sent: str, at: int, out: list[StreamEvent]) -> str:
-        exact = self._vocab.decode_batch([self._run_ids])[0]
+        """The run decoded whole, as the batch decodes it; what the stream
+        has not sent of it goes out now."""
+        ids = self._run.ids
+        # Only a run whose text streams without being kept drops its ids,
+        # and it is never settled.
+        assert ids is not None
+        exact = self._vocab.decode_batch([ids])[0]
         if exact != sent and exact.startswith(sent):
             self._stream_text(exact[len(sent) :], at, out)
         return exact
-
-    def _new_run_ids(self) -> None:
-        self._run_at = -1
-        self._fast = None
-        self._run_ids = []
-        self._pieces = []
-        self._chunks = []
-        self._lossy = False
-        self._pend = b""
-        self._group = []
-        self._hold = ""
 
     # -- markers and the tree ----------------------------------------------------------
 
@@ -546,10 +691,6 @@ class StreamParser:
     def _marker(self, t: int, kind: str, at: int, out: list[StreamEvent]) -> None:
         # The run ends here; the next one is routed before it may stream.
         self._fast = None
-        if self._refused:
-            if kind == END:
-                self._finish(out, at)
-            return
         idle = self._idle()
         run = self._end_run(at, out)
         self._push(kind, self._marker_text[t], self._shift + at)
@@ -558,7 +699,7 @@ class StreamParser:
             self._new_run()
             return
         self._step(at, out, run if idle else 0)
-        if kind == END and not self._refused:
+        if kind == END and self._state is _READING:
             self._finish(out, at)
         else:
             self._new_run()
@@ -586,7 +727,7 @@ class StreamParser:
         error in a strict stream)."""
         if not self.lenient:
             raise e.moved(self._shift) from None
-        self._refused = True
+        self._enter(_Refused())
         self._diag(out, "too-deep", max(0, e.offset - self._shift), e.msg)
 
     def _sync(self, at: int, out: list[StreamEvent], run: int) -> None:
@@ -663,7 +804,7 @@ class StreamParser:
                 o.role = "message"
             return
         role = parent.role
-        if role in ("think", "response") and self._order.get(tag, -1) > self._order[parent.frame.tag]:
+        if role in ("reasoning", "content") and self._order.get(tag, -1) > self._order[parent.frame.tag]:
             # A later channel inside an earlier one that was not closed
             # first: the batch reader takes it out to the message's level,
             # and so does the stream; the earlier channel ends here.
@@ -679,18 +820,14 @@ class StreamParser:
             self._message_tags.add(tag)
             if tag not in self._channels:
                 return
-            if tag == n["think"]:
-                o.role = "think"
+            kind = self._holds[tag]
+            o.role = kind
+            if kind == "reasoning":
                 o.text = o.embed = _Sink("text", channel=tag)
-            elif tag == n["response"]:
-                o.role = "response"
+            elif kind == "content":
                 o.text = _Sink("text", channel=tag)
-            elif tag == n["tools"]:
-                o.role = "tools"
-            else:
-                return
             out.append(StreamEvent("channel_start", at, channel=tag))
-        elif role == "tools":
+        elif role == "tool_calls":
             if tag == n["call"]:
                 parent.calls += 1
                 o.role = "call"
@@ -726,7 +863,7 @@ class StreamParser:
             self._calls.append(call)
             out.append(StreamEvent("tool_call_end", at, index=o.index, call=call))
             self._report_read(out)
-        elif role in ("think", "response", "tools"):
+        elif role in ("reasoning", "content", "tool_calls"):
             out.append(StreamEvent("channel_end", at, channel=o.frame.tag))
         elif role == "message":
             self._closed_message = self._tail[-1][0] != END
@@ -769,13 +906,13 @@ class StreamParser:
         open ends, and the message is read as the batch reads it."""
         end_at = self._offset - 1 if at is None else at
         message: dict[str, Any]
-        if not self._refused:
+        if self._state is _READING:
             tb = self._tb
             if at is None:
                 idle = self._idle()
                 run = self._end_run(max(0, end_at), out)
                 self._step(max(0, end_at), out, run if idle else 0)
-            if not self._refused:
+            if self._state is _READING:
                 if at is None:
                     self._end_if_closed()
                 open_ = list(reversed(self._view))
@@ -802,16 +939,17 @@ class StreamParser:
                     for x in diags:
                         self._record(out, x)
                     stray = self._stray
-                    if (type(stray) is Text and self.names["response"] not in self._message_tags
-                            and self.names["response"] in self._channels):
-                        out.append(StreamEvent("text", end_at, channel=self.names["response"], text=stray.text))
+                    answer = self._content_tag
+                    if type(stray) is Text and answer is not None and answer not in self._message_tags:
+                        out.append(StreamEvent("text", end_at, channel=answer, text=stray.text))
                     if self.keep:
                         message = found
                     else:
                         message = {"role": "assistant", **({"tool_calls": calls} if calls else {})}
                     self._calls = list(calls)
-        self._done = True
-        if self._refused:
+        refused = self._state is _REFUSED
+        self._enter(_Ended())
+        if refused:
             message = {"role": "assistant", **({"tool_calls": list(self._calls)} if self._calls else {})}
         cut = at is None and not self._closed_message
         reason = "length" if cut else ("tool_calls" if message.get("tool_calls") else "stop")
@@ -881,7 +1019,7 @@ class StreamParser:
         m = next((x for x in doc.nodes if type(x) is Element), None)
         if m is None:
             return None
-        tag = self.names["tools"]
+        tag = self._tools_tag
         return next((i for i, c in enumerate(m.children) if type(c) is Element and c.tag == tag), None)
 
     def _end_call(self, o: _Open, calls: list[dict[str, Any]], at: int, out: list[StreamEvent]) -> None:

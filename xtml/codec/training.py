@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..chat.dialect import Dialect, Training
 from ..chat.render import render
@@ -30,17 +30,8 @@ from ..vocab.binding import IdSink, join_ids
 if TYPE_CHECKING:
     from ..vocab.binding import Binding
 
-__all__ = ["IGNORE_INDEX", "Overrun", "Span", "TrainingExample", "encode_example", "encode_training", "overruns"]
+__all__ = ["IGNORE_INDEX", "Overrun", "Span", "TrainingExample", "encode_example", "overruns"]
 
-
-class _TemplateLike(Protocol):
-    """What :func:`encode_training` needs of a template: its dialect and its
-    binding to a tokenizer (an :class:`xtml.Template` has both)."""
-
-    @property
-    def dialect(self) -> Dialect: ...
-
-    def bind(self, tokenizer: Any) -> Binding: ...
 
 IGNORE_INDEX = -100
 """The label of an id that is not trained (what PyTorch's cross-entropy
@@ -177,15 +168,16 @@ def overruns(example: TrainingExample, dialect: Dialect) -> list[Overrun]:
     budget = dialect.training.budgets.get(example.effort)
     if budget is None:
         return []
-    think = dialect.names["think"]
+    think = dialect.channel_tag("reasoning")
     return [Overrun(s.message, example.effort, s.body_tokens, budget)
-            for s in example.spans if s.channel == think and s.message is not None and s.body_tokens > budget]
+            for s in example.spans
+            if think is not None and s.channel == think and s.message is not None and s.body_tokens > budget]
 
 
-def encode_training(template: _TemplateLike, request: Any, tokenizer: Any, *, train: Train = None,
-                    **options: Any) -> TrainingExample:
-    """Ids (equal to ``template.encode(request, tokenizer, **options)``),
-    loss mask and spans of a request.
+def encode_example(d: Dialect, binding: Binding, request: Any, *, train: Train = None,
+                   options: Mapping[str, Any] | None = None) -> TrainingExample:
+    """Ids (equal to the template's ``encode``), loss mask and spans of a
+    request, for a dialect and its binding to a tokenizer.
 
     ``train`` picks the trained messages: ``None``/``"all"``, every message
     of the template's trained roles; ``"last"``, those after the last user
@@ -197,12 +189,6 @@ def encode_training(template: _TemplateLike, request: Any, tokenizer: Any, *, tr
     Messages the template writes itself (tool declarations, options) and the
     generation prompt are never trained.
     """
-    return encode_example(template.dialect, template.bind(tokenizer), request, train=train, options=options)
-
-
-def encode_example(d: Dialect, binding: Binding, request: Any, *, train: Train = None,
-                   options: Mapping[str, Any] | None = None) -> TrainingExample:
-    """:func:`encode_training` for a dialect and a binding already at hand."""
     rules = train if isinstance(train, Training) else d.training
     o, msgs = prepare(d, request, options or {})
     if o.continue_final:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +25,25 @@ from .parse import LEXEME_LABEL, MAX_ATTRIBUTES, MAX_DEPTH, Lexemes, excerpt
 if TYPE_CHECKING:
     from lark import Lark, Token
 
-GRAMMAR_PACKAGE = "xtml.grammar"
 GRAMMAR_FILE = "xtml.lark"
+GRAMMAR_DATA = "grammar"
+"""Where the wheel puts ``grammar/xtml.lark``: inside the package, as data
+(``setup.py`` copies it there at build time)."""
+GRAMMAR_CHECKOUT = Path(__file__).resolve().parents[2] / "grammar" / GRAMMAR_FILE
+"""The file itself, beside the package: what an editable install or a
+plain checkout on ``PYTHONPATH`` reads, since neither has a built copy."""
 
 
 def grammar_text() -> str:
-    """The grammar source, as shipped in the package."""
-    return resources.files(GRAMMAR_PACKAGE).joinpath(GRAMMAR_FILE).read_text(encoding="utf-8")
+    """The grammar source: the wheel's copy, else the checkout's file."""
+    shipped = resources.files("xtml").joinpath(GRAMMAR_DATA).joinpath(GRAMMAR_FILE)
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    try:
+        return GRAMMAR_CHECKOUT.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"the XTML grammar is missing: neither xtml/grammar/{GRAMMAR_FILE} in the "
+                                f"installed package nor {GRAMMAR_CHECKOUT}; reinstall xtml") from None
 
 
 @cache

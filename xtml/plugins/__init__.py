@@ -49,14 +49,9 @@ from typing import Any
 from ..errors import TemplateError
 from .api import (
     ATTRIBUTE_TYPES,
-    CallView,
-    ChannelExtension,
     ContentExtension,
     Context,
-    MessageView,
     Plugin,
-    ReadView,
-    RenderView,
     check_attributes,
 )
 
@@ -214,7 +209,6 @@ def configure(name: str, settings: Mapping[str, Any], where: str) -> Any:
                             location=where) from None
 
 
-__all__ = ["ATTRIBUTE_TYPES", "BUILTIN", "GROUP", "CallView", "ChannelExtension", "ContentExtension", "Context",
-           "MessageView", "Plugin", "PluginWarning", "ReadView", "RenderView", "broken", "check_attributes",
-           "configure", "get", "installed", "use"]
+__all__ = ["ATTRIBUTE_TYPES", "BUILTIN", "GROUP", "ContentExtension", "Context", "Plugin", "PluginWarning", "broken",
+           "check_attributes", "configure", "get", "installed", "use"]
 

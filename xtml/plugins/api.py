@@ -1,19 +1,18 @@
 """The plugin API: everything a plugin, built-in or third-party, may use.
 
 The chat layer calls plugins only through what is declared here, and hands
-them only the views declared here: a content extension renders parts into a
+them only what is declared here: a content extension renders parts into a
 :class:`~xtml.markup.sink.MarkupSink` and reads elements back with a
-:class:`Context`; a channel extension renders an assistant message's channel
-from a :class:`MessageView` through a :class:`RenderView`, and reads its
-element back through a :class:`ReadView`. Call ids and the JSON spelling of
-argument values are conventions both sides share, so they live here too.
-The built-in channels, image, audio and video plugins use nothing else (the
-test of this API: each of them could live in a package of its own).
+:class:`Context`. Call ids and the JSON spelling of argument values are
+conventions the chat layer and plugins share, so they live here too. The
+built-in image, audio and video plugins use nothing else (the test of this
+API: each of them could live in a package of its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..markup.header import int_value, number_value
@@ -27,15 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTRIBUTE_TYPES",
-    "CallView",
-    "ChannelExtension",
     "ContentExtension",
     "Context",
-    "MessageView",
     "Plugin",
-    "ReadView",
-    "RenderView",
-    "arguments_json",
     "call_id",
     "check_attributes",
     "jsonfmt",
@@ -143,6 +136,14 @@ class ContentExtension:
     markers: tuple[str, ...] = ()
     """Strings it writes as markers (a pad, a placeholder): each must be one
     of the template's markers, so a tokenizer gives it one special id."""
+    placeholder: str | None = None
+    """A text that stands for one part of this plugin wherever it appears in
+    a message's text, and what such a part renders as when the request gives
+    no prompt for it (K3's image placeholder); None: no such text."""
+    prompt_pattern: re.Pattern[str] | None = None
+    """Matches one whole prompt a processor made for a part (the request's
+    ``image_prompts``, for the plugin named ``image``), anchored at both ends;
+    None: requests give no prompts for this plugin's parts."""
     grammar: str | None = None
     """A Lark fragment added to the reference grammar (``%extend`` a rule or
     terminal of ``grammar/xtml.lark``); the combined grammar must build as a
@@ -185,7 +186,7 @@ class ContentExtension:
     def completion_grammar(self, names: Mapping[str, str]) -> str | None:
         """The grammar of the elements a model may write with this plugin
         inside a response channel, for constrained decoding (see
-        :func:`xtml.codec.completion.completion_grammar`); None (the default):
+        :meth:`xtml.Template.completion_grammar`); None (the default):
         the exported grammar admits none of them.
 
         Rules ``name: expression`` in the subset of Lark every export shares:
@@ -196,116 +197,3 @@ class ContentExtension:
         ``value`` and ``nonempty_value``, an attribute value as the markup
         escapes it. Other lowercase names are the fragment's own rules."""
         return None
-
-
-# -- channels ------------------------------------------------------------------------
-
-
-class CallView(Protocol):
-    """One tool call of an assistant message, as the chat layer resolved it."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def args(self) -> Sequence[tuple[str, Any]] | None:
-        """Typed arguments in order, or None when they are not a JSON object
-        (then :attr:`raw` holds them)."""
-
-    @property
-    def raw(self) -> str | None: ...
-
-
-class MessageView(Protocol):
-    """An assistant message as a channel renders it."""
-
-    @property
-    def index(self) -> int:
-        """Its index in the request's ``messages``."""
-
-    @property
-    def parts(self) -> list[Any]:
-        """Content: strings and plugin parts, for :meth:`RenderView.body`."""
-
-    @property
-    def reasoning(self) -> str: ...
-
-    @property
-    def calls(self) -> Sequence[CallView]: ...
-
-
-class RenderView(Protocol):
-    """What a channel renders with."""
-
-    @property
-    def names(self) -> Mapping[str, str]:
-        """The template's ``[names]``: element and attribute names."""
-
-    @property
-    def thinking(self) -> bool:
-        """Whether the request renders thinking."""
-
-    @property
-    def json_fallback_type(self) -> str:
-        """The ``type`` attribute of a json block."""
-
-    @property
-    def sink(self) -> MarkupSink: ...
-
-    def body(self, parts: list[Any]) -> None:
-        """Render text and plugin parts, in order, into the sink."""
-
-    def content(self, parts: list[Any]) -> str | list[dict[str, Any]]:
-        """Parts in normal form."""
-
-
-class ReadView(Protocol):
-    """What a channel reads its element back with."""
-
-    @property
-    def names(self) -> Mapping[str, str]: ...
-
-    @property
-    def lenient(self) -> bool: ...
-
-    def problem(self, el: Element | None, msg: str, kind: str, path: str = "") -> None:
-        """Report a problem: strict parses raise, lenient ones record it."""
-
-    def attrs(self, el: Element, allowed: frozenset[str], path: str) -> dict[str, str]:
-        """The element's attributes, reporting unknown and repeated ones."""
-
-    def text(self, el: Element, path: str) -> str:
-        """Body text of an element that may hold only text."""
-
-    def content(self, el: Element, path: str) -> str | list[dict[str, Any]]:
-        """Text and plugin parts, in normal form."""
-
-
-class ChannelExtension:
-    """One channel of an assistant message (what a channel plugin's
-    ``configure`` returns)."""
-
-    name = ""
-    """The channel's key in ``[names]`` and ``[channels] order``."""
-    field_order = 0
-    """Where its fields go in a message dict (content, reasoning, calls)."""
-
-    def render(self, m: MessageView, s: RenderView) -> None:
-        """Emit the channel for message ``m`` (or nothing)."""
-        raise NotImplementedError
-
-    def normal(self, m: MessageView, pos: int, s: RenderView, out: dict[str, Any]) -> None:
-        """Add what the channel means to ``out``, the message's normal form
-        (``pos``: the message's position among the request's messages)."""
-        raise NotImplementedError
-
-    def read(self, el: Element | None, msg: dict[str, Any], r: ReadView, pos: int, path: str) -> None:
-        """Read the channel's element (None when absent) into ``msg``."""
-        raise NotImplementedError
-
-
-def arguments_json(c: CallView) -> str:
-    """A call's ``arguments`` string, as parse gives it back."""
-    if c.args is None:
-        return c.raw or ""
-    return jsonfmt.arguments(dict(c.args))

@@ -1,12 +1,15 @@
 """Images: image content parts rendered as an embed.
 
-Three ways an image is written, in this order:
+``prompt`` is the format of a processor-made image prompt, e.g.
+``<|media_begin|>image {width}x{height}<|media_content|>{pads}<|media_end|>``
+with ``pad`` repeated where ``{pads}`` is. Three ways an image is written, in
+this order:
 
 * the request's ``image_prompts`` option gives each image's prompt, made by
-  the model's processor (every prompt must match ``prompt``);
+  the model's processor (every prompt must be of the ``prompt`` format);
 * the image's size is known (``width``/``height`` in the part, or read from a
-  ``data:`` URL or a local file) and the template gives ``size_prompt``: the
-  processor-style prompt, with as many pads as the processor's patch grid
+  ``data:`` URL or a local file) and the template sets ``write_prompts``: the
+  ``prompt`` format, with as many pads as the processor's patch grid
   (``patch_size``, ``merge_size``, ``min_pixels``, ``max_pixels``) makes;
 * otherwise the ``placeholder``.
 
@@ -16,6 +19,7 @@ Pixels are not in the tokens: parse gives back ``{"type": "image"}``, with
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,9 +47,11 @@ if TYPE_CHECKING:
 
     from ..markup.sink import MarkupSink
 
-_KEYS = ("placeholder", "part_types", "prompt", "size_prompt", "pad", "patch_size", "merge_size", "min_pixels",
-         "max_pixels", "read_files")
-_NEVER = "(?!)"
+_GRID_KEYS = ("patch_size", "merge_size", "min_pixels", "max_pixels")
+_KEYS = ("placeholder", "part_types", "prompt", "pad", "write_prompts", *_GRID_KEYS, "read_files")
+_NEVER = re.compile("(?!)")
+_SIZE_FIELDS = {"width": "[0-9]+", "height": "[0-9]+"}
+_FORMAT_FIELD = re.compile(r"\{(?:width|height|pads)\}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,33 +63,44 @@ class ImageValue:
 class ImageExtension(ContentExtension):
     name = "image"
     embeds = True
+    # Always set by this plugin (the API allows None).
+    placeholder: str
+    prompt_pattern: re.Pattern[str]
 
     def __init__(self, settings: Mapping[str, Any], where: str) -> None:
+        if "size_prompt" in settings:
+            raise TemplateError("size_prompt is now prompt: write its format as prompt, and set write_prompts = true",
+                                location=f"{where}.size_prompt")
         s = Settings(settings, where, _KEYS)
         self.placeholder = s.text("placeholder")
         # "image" is the normal form's own spelling, whatever the template calls it.
         self.part_types, self.input_types = s.part_types("image", ["image"])
-        raw = settings.get("prompt", _NEVER)
-        if not isinstance(raw, str):
-            raise TemplateError("prompt must be a regular expression string", location=f"{where}.prompt")
-        try:
-            self.prompt = re.compile(raw)
-        except re.error as e:
-            raise TemplateError(f"prompt is not a valid regular expression: {e}", location=f"{where}.prompt") from None
+        self.format: PromptFormat | None = None
+        if s.has("prompt"):
+            source = s.text("prompt")
+            _refuse_regex(source, settings.get("pad"), where)
+            self.format = PromptFormat(source, s.text("pad"), _SIZE_FIELDS, where)
+        elif s.has("pad"):
+            raise TemplateError("pad goes with prompt, which this table does not give", location=f"{where}.pad")
+        # The chat layer vets the image_prompts option with it before rendering.
+        self.prompt_pattern = self.format.pattern if self.format else _NEVER
         self.read_files = s.flag("read_files", False)
-        self.sized: PromptFormat | None = None
         self.grid: Grid | None = None
-        self.markers = (self.placeholder,)
-        if s.has("size_prompt"):
-            self.sized = PromptFormat(s.text("size_prompt"), s.text("pad"), {"width": "[0-9]+", "height": "[0-9]+"},
-                                      where)
+        if s.flag("write_prompts", False):
+            if self.format is None:
+                raise TemplateError("write_prompts needs prompt (and pad)", location=f"{where}.write_prompts")
             self.grid = Grid.from_settings(s)
-            self.markers = (self.placeholder, self.sized.pad)
+        else:
+            for k in _GRID_KEYS:
+                if s.has(k):
+                    raise TemplateError(f"{k} sizes the prompts written with write_prompts = true, which this table "
+                                        "does not set", location=f"{where}.{k}")
+        self.markers = (self.placeholder, self.format.pad) if self.format else (self.placeholder,)
 
     # -- render --------------------------------------------------------------------
 
     def prepare(self, part: Mapping[str, Any]) -> ImageValue:
-        if self.sized is None:
+        if self.grid is None:
             return ImageValue()
         w, h = positive_int(part, "width"), positive_int(part, "height")
         if (w is None) != (h is None):
@@ -102,8 +119,8 @@ class ImageExtension(ContentExtension):
         return ImageValue()  # a remote URL: its size is unknown here
 
     def prompt_for(self, width: int, height: int) -> str:
-        assert self.sized is not None and self.grid is not None
-        return self.sized.render(self.grid.tokens(width, height), width=str(width), height=str(height))
+        assert self.format is not None and self.grid is not None
+        return self.format.render(self.grid.tokens(width, height), width=str(width), height=str(height))
 
     def render(self, value: ImageValue, out: MarkupSink, ctx: Context) -> None:
         prompts = getattr(ctx.options, "image_prompts", None)
@@ -112,7 +129,7 @@ class ImageExtension(ContentExtension):
             used = st.get("used", 0)
             st["used"] = used + 1
             out.embed(prompts[used] if used < len(prompts) else "")
-        elif value.width is not None and value.height is not None and self.sized is not None:
+        elif value.width is not None and value.height is not None and self.grid is not None:
             out.embed(self.prompt_for(value.width, value.height))
         else:
             out.embed(self.placeholder)
@@ -130,7 +147,7 @@ class ImageExtension(ContentExtension):
         part: dict[str, Any] = {"type": "image"}
         if getattr(ctx.options, "image_prompts", None) is not None:
             ctx.of(self.name).setdefault("parts", []).append(part)
-        elif value.width is not None and self.sized is not None:
+        elif value.width is not None and self.grid is not None:
             part["width"], part["height"] = value.width, value.height
         return part
 
@@ -152,13 +169,12 @@ class ImageExtension(ContentExtension):
 
     def own_size(self, raw: str) -> tuple[int, int] | None:
         """The size of a prompt this template would write for that size."""
-        if self.sized is None:
+        if self.format is None or self.grid is None:
             return None
-        got = self.sized.read(raw)
+        got = self.format.read(raw)
         if got is None:
             return None
         w, h = prompt_int(got[0]["width"]), prompt_int(got[0]["height"])
-        assert self.grid is not None
         # A size render refuses is not one this template writes.
         if w is None or h is None or w <= 0 or h <= 0 or w * h > MAX_PIXELS:
             return None
@@ -171,7 +187,7 @@ class ImageExtension(ContentExtension):
         if raw == self.placeholder:
             st["placeholders"] = st.get("placeholders", 0) + 1
             return {"type": "image"}
-        if self.prompt.match(raw) or self.own_size(raw) is not None:
+        if self.format is not None and self.format.read(raw) is not None:
             part: dict[str, Any] = {"type": "image"}
             st.setdefault("prompts", []).append((part, raw))
             return part
@@ -198,11 +214,75 @@ class ImageExtension(ContentExtension):
         urls = ("https://example.com/a.png",)
         plain = st.builds(lambda t, how, url: {"type": t} if how == 0 else {"type": t, t: {"url": url}},
                           st.sampled_from(self.input_types), st.integers(0, 1), st.sampled_from(urls))
-        if self.sized is None:
+        if self.grid is None:
             return plain
         sized = st.builds(lambda w, h: {"type": "image", "width": w, "height": h},
                           st.integers(1, 5000), st.integers(1, 5000))
         return st.one_of(plain, sized)
+
+
+# The regular expression a template once gave as prompt, in the one shape
+# that has a format equivalent: literal text, the two numbers as named
+# groups, the pads as one repeated group, maybe anchored at both ends.
+_OLD_PART = re.compile(r"\(\?P<(width|height)>[^()]*\)|\(\?:([^()]+)\)\*|(\\[^A-Za-z0-9]|[^\\()\[\]{}*+?|.^$])",
+                       re.DOTALL)
+_LITERAL = re.compile(r"(?:\\[^A-Za-z0-9]|[^\\()\[\]{}*+?|.^$])+", re.DOTALL)
+# Markers hold "|" and maybe "?": neither tells a regular expression apart.
+_REGEX_SIGNS = re.compile(r"\\.|\(\?|[\[\]*+^$]")
+
+
+def _refuse_regex(source: str, pad: Any, where: str) -> None:
+    """Refuse a prompt written as a regular expression, saying what format
+    to write instead."""
+    if _FORMAT_FIELD.search(source) or not _REGEX_SIGNS.search(source):
+        return
+    got = _as_format(source)
+    if got is None:
+        fix = ("write the prompt as the processor writes it, with {width}, {height} and {pads} where the numbers "
+               "and the pads go, and the pad marker as pad")
+    elif isinstance(pad, str) and pad != got[1]:
+        fix = f"write prompt = {_toml(got[0])}, and pad = {_toml(got[1])} (not {_toml(pad)})"
+    else:
+        fix = f"write prompt = {_toml(got[0])} and pad = {_toml(got[1])}"
+    raise TemplateError(f"prompt is a format, not a regular expression: {fix}", location=f"{where}.prompt")
+
+
+def _as_format(source: str) -> tuple[str, str] | None:
+    """The format and pad a regular expression of the one convertible shape
+    stands for, or None."""
+    body = source.removeprefix("^")
+    if body.endswith("$") and not body.endswith("\\$"):
+        body = body[:-1]
+    out: list[str] = []
+    pad: str | None = None
+    pos = 0
+    while pos < len(body):
+        m = _OLD_PART.match(body, pos)
+        if m is None:
+            return None
+        field, pads, char = m.groups()
+        if field:
+            out.append("{" + field + "}")
+        elif pads:
+            if pad is not None or not _LITERAL.fullmatch(pads):
+                return None
+            pad = _unescape(pads)
+            out.append("{pads}")
+        else:
+            out.append(_unescape(char))
+        pos = m.end()
+    fmt = "".join(out)
+    if pad is None or sorted(_FORMAT_FIELD.findall(fmt)) != ["{height}", "{pads}", "{width}"]:
+        return None
+    return fmt, pad
+
+
+def _unescape(literal: str) -> str:
+    return re.sub(r"\\(.)", r"\1", literal, flags=re.DOTALL)
+
+
+def _toml(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
 
 class ImagePlugin:

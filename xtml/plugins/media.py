@@ -121,10 +121,20 @@ class Grid:
 _FIELD = re.compile(r"\{([a-z]+)\}")
 
 
+def _numeric_edge(text: str) -> bool:
+    return text[:1].isdigit() or text[:1] == "."
+
+
 class PromptFormat:
     """A prompt written with ``{field}`` placeholders and ``{pads}``, e.g.
     ``<|media_begin|>audio {seconds}s<|media_content|>{pads}<|media_end|>``.
-    It renders and, through a pattern built from it, reads back."""
+    It renders and, through a pattern built from it, reads back.
+
+    ``fields`` gives each field's pattern: digits, maybe with a decimal
+    point. Unlike a regular expression a template would write, the pattern
+    reads every prompt one way only, in time linear in its length: where a
+    number ends is never in doubt, because what follows it cannot start with
+    a digit or a point."""
 
     def __init__(self, source: str, pad: str, fields: dict[str, str], where: str) -> None:
         self.source = source
@@ -134,15 +144,26 @@ class PromptFormat:
         if set(names) != want or len(names) != len(want):
             raise TemplateError(f"prompt must hold each of {', '.join('{' + n + '}' for n in sorted(want))} once",
                                 location=f"{where}.prompt")
+        if _numeric_edge(pad):
+            raise TemplateError("pad must not start with a digit or a point", location=f"{where}.pad")
         rx: list[str] = []
         pos = 0
-        for m in _FIELD.finditer(source):
-            rx.append(re.escape(source[pos:m.start()]))
+        marks = list(_FIELD.finditer(source))
+        for i, m in enumerate(marks):
             name = m.group(1)
+            nxt = marks[i + 1] if i + 1 < len(marks) else None
+            after = source[m.end():nxt.start() if nxt else len(source)]
+            # Right after a number: text, the pads (whose pad starts with
+            # neither), or the end.
+            if name != "pads" and (_numeric_edge(after) or (not after and nxt is not None and nxt.group(1) != "pads")):
+                raise TemplateError(f"in prompt, {{{name}}} must be followed by text that does not start with a digit "
+                                    "or a point, so that the number's end is plain", location=f"{where}.prompt")
+            rx.append(re.escape(source[pos:m.start()]))
             rx.append(f"(?P<pads>(?:{re.escape(pad)})*)" if name == "pads" else f"(?P<{name}>{fields[name]})")
             pos = m.end()
         rx.append(re.escape(source[pos:]))
-        self.pattern = re.compile("".join(rx), re.DOTALL)
+        # Anchored at the end too, so that match() and fullmatch() agree.
+        self.pattern = re.compile("".join(rx) + r"\Z", re.DOTALL)
 
     def render(self, pads: int, **values: str) -> str:
         return _FIELD.sub(lambda m: self.pad * pads if m.group(1) == "pads" else values[m.group(1)], self.source)
@@ -227,16 +248,30 @@ def local_path(ref: str, allowed: bool) -> Path | None:
     return Path(ref)
 
 
+class FileBytes(bytes):
+    """Bytes read from a local file named in a request. A reader that cannot
+    make sense of them (:func:`image_size`, :func:`wav_seconds`) raises
+    :attr:`cannot`, the message of a file that cannot be read at all: a
+    request must not learn that a file exists by being told it is not an
+    image."""
+
+    cannot: str
+
+
 def read_file(path: Path, what: str) -> bytes:
     """The bytes of a regular file of at most :data:`MAX_FILE_BYTES`.
 
     A device, a pipe or a folder is refused before anything is read (a
     link to /dev/zero would be read until memory runs out), and at most one
     byte past the cap is read, so a file that grows meanwhile is refused
-    too. A missing file, one this process may not read and one that is not
-    a regular file get the same message: the request learns no more about
-    the server's files than that it cannot have this one."""
-    cannot = ValueError(f"{what} file not found or not readable: {str(path)!r}")
+    too. A missing file, one this process may not read, one that is not a
+    regular file, one past the cap and (through :class:`FileBytes`) one
+    whose bytes are not of its kind get the same message: the request
+    learns no more about the server's files than that it cannot have this
+    one."""
+    message = (f"{what} file not found or not readable, larger than xtml reads ({MAX_FILE_BYTES:,} bytes) or not "
+               f"{what} data xtml reads: {str(path)!r}")
+    cannot = ValueError(message)
     # Without O_NONBLOCK, opening a FIFO waits for a writer; a tty must not
     # become the process's controlling terminal.
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
@@ -254,14 +289,25 @@ def read_file(path: Path, what: str) -> bytes:
     finally:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"{what} file {str(path)!r} is larger than xtml reads ({MAX_FILE_BYTES:,} bytes)")
-    return data
+        raise cannot
+    out = FileBytes(data)
+    out.cannot = message
+    return out
 
 
 def image_size(data: bytes, what: str = "the data") -> tuple[int, int]:
     """Width and height read from an image's header (Pillow), checked by
     :func:`check_size`. Only the header is read: the pixels are never
     decoded. ``what`` names the data in messages."""
+    try:
+        return _image_size(data, what)
+    except ValueError:
+        if isinstance(data, FileBytes):
+            raise ValueError(data.cannot) from None
+        raise
+
+
+def _image_size(data: bytes, what: str) -> tuple[int, int]:
     try:
         from PIL import Image
     except ImportError:
@@ -283,6 +329,15 @@ def image_size(data: bytes, what: str = "the data") -> tuple[int, int]:
 
 def wav_seconds(data: bytes) -> float:
     """Duration of WAV audio (the standard library's reader)."""
+    try:
+        return _wav_seconds(data)
+    except ValueError:
+        if isinstance(data, FileBytes):
+            raise ValueError(data.cannot) from None
+        raise
+
+
+def _wav_seconds(data: bytes) -> float:
     import wave
 
     try:

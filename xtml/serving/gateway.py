@@ -5,7 +5,7 @@ that takes and gives token ids.
 
 * ``POST /v1/chat/completions`` — the request is checked and rendered to ids
   by the chat layer (unknown keys ignored, as clients send many; bad messages
-  refused), the ids go to the backend (:mod:`.backends`), and the ids that
+  refused), the ids go to the backend (:mod:`.engines`), and the ids that
   come back are parsed as they arrive (:class:`~xtml.codec.stream.StreamParser`)
   into ``chat.completion.chunk`` server-sent events (:class:`~.openai.ChunkStream`),
   or parsed whole into a ``chat.completion`` (:func:`~.openai.chat_completion`);
@@ -51,8 +51,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..chat import fields
-from ..errors import OptionError, RequestError, XtmlError
-from .backends import BACKENDS, Backend, BackendError, Generation, Piece, dumps, sampling
+from ..chat.request import TEXT_PART_TYPES
+from ..errors import MessageError, OptionError, RequestError, XtmlError, shown
+from .engines import BACKENDS, Backend, BackendError, Generation, Piece, dumps, sampling
 from .openai import SSE_DONE, ChunkStream, StopSequences, chat_completion, shape_message, sse
 
 if TYPE_CHECKING:
@@ -63,8 +64,14 @@ __all__ = ["SSE", "Gateway", "create_app"]
 
 log = logging.getLogger("xtml.serve")
 
-MAX_BODY = 256 << 20
-"""The largest request body read, in bytes."""
+MAX_BODY = 32 << 20
+"""The largest request body read by default, in bytes (``max_body``): a
+chat request's text and images, with room to spare; larger is a 413."""
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "true or false", type(None): "null"}
+_MESSAGE_LIMIT = 1000
+"""Characters of an error message sent: one that quotes a client's value
+at length is cut, whatever check wrote it."""
 KEEP_ALIVE = 65
 """Seconds an idle client connection is kept open: longer than the 5 s
 clients (httpx, the openai SDK) keep one, so that the server never closes a
@@ -82,6 +89,10 @@ engine's closing events: the connection is then used again, not closed."""
 
 def _error_body(status: int, message: str, *, type: str, param: str | None = None,
                 code: str | int | None = None) -> bytes:
+    if len(message) > _MESSAGE_LIMIT:
+        message = f"{message[:_MESSAGE_LIMIT]}… ({len(message):,} characters)"
+    if param is not None and len(param) > _MESSAGE_LIMIT // 10:
+        param = f"{param[:_MESSAGE_LIMIT // 10]}… ({len(param):,} characters)"
     return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}},
                       ensure_ascii=False).encode()
 
@@ -130,20 +141,26 @@ class Gateway:
 
     ``template`` is an :class:`xtml.Template`, ``tokenizer`` what it takes
     (a :class:`~xtml.Vocabulary`, a path ...). ``backend`` is the engine's
-    base URL, ``kind`` one of :data:`.backends.KINDS`. ``model`` is the name
+    base URL, ``kind`` one of :data:`.engines.KINDS`. ``model`` is the name
     served (in ``/v1/models`` and every response; default: the template's
     name) and, when ``backend_model`` is None, nothing is sent to the
     engine as its model. ``timeout`` (seconds) bounds each wait on the
     backend: connecting, and each read. ``grammar=False`` sends no
-    completion grammar to the backend."""
+    completion grammar to the backend. ``max_body`` is the largest
+    request body read, in bytes (default :data:`MAX_BODY`): past it the
+    answer is a 413, before the rest is read."""
 
     def __init__(self, template: Template, tokenizer: Any, backend: str, *, kind: str = "vllm",
                  model: str | None = None, backend_model: str | None = None, timeout: float = 600.0,
-                 grammar: bool = True) -> None:
+                 grammar: bool = True, max_body: int = MAX_BODY) -> None:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
         check_backend_url(backend)
+        if type(max_body) is not int or max_body < 1:
+            raise OptionError(f"max_body must be a positive number of bytes, not {shown(max_body)}",
+                              option="max_body")
+        self.max_body = max_body
         self.template = template
         self.binding = template.bind(tokenizer)
         self.vocab: Vocabulary = self.binding.vocab
@@ -214,7 +231,7 @@ class Gateway:
         """``GET /v1/models/{model}`` (the SDK's ``models.retrieve``)."""
         name = request.path_params["model"]
         if name != self.model:
-            return _error(404, f"the model {name!r} does not exist: this server serves {self.model!r}",
+            return _error(404, f"the model {shown(name)} does not exist: this server serves {self.model!r}",
                           type="invalid_request_error", code="model_not_found")
         return _json(self._card())
 
@@ -228,31 +245,24 @@ class Gateway:
     async def serve_chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/chat/completions``, as an ASGI app."""
         try:
-            await self._chat(receive, send)
+            await self._chat(scope, receive, send)
         except Exception as e:  # a fault of the gateway itself, before its answer started
             log.exception("a chat completion failed")
             with contextlib.suppress(Exception):
                 await _respond(send, 500, _error_body(500, f"internal error: {type(e).__name__}: {e}",
                                                       type="server_error", code=500))
 
-    async def _chat(self, receive: Receive, send: Send) -> None:
-        raw = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            raw = raw + message.get("body", b"") if raw else message.get("body", b"")
-            if len(raw) > MAX_BODY:
-                await _respond(send, 413, _error_body(413, f"the request body is larger than {MAX_BODY:,} bytes",
-                                                      type="invalid_request_error"))
-                return
-            if not message.get("more_body"):
-                break
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            await _respond(send, 400, _error_body(400, f"the request body is not JSON: {e}",
-                                                  type="invalid_request_error"))
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = _content_type(scope)
+        if refused is not None:
+            await _respond(send, *refused)
+            return
+        raw = await self._body(scope, receive, send)
+        if raw is None:
+            return
+        refused, body = _read_json(raw)
+        if refused is not None:
+            await _respond(send, *refused)
             return
         try:
             if len(raw) > _THREAD_BODY:
@@ -262,10 +272,40 @@ class Gateway:
         except XtmlError as e:
             await _respond(send, *_request_error(e))
             return
+        except RecursionError:
+            await _respond(send, 400, _error_body(400, "the request nests arrays and objects deeper than it can be "
+                                                  "read", type="invalid_request_error"))
+            return
         if job.stream:
             await self._stream(job, receive, send)
         else:
             await self._complete(job, receive, send)
+
+    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The request body, or None when it was refused (413, answered) or
+        the client left. The pieces are joined once: adding each to what
+        came before copies it all again, quadratic in the body's size."""
+        limit = self.max_body
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                # Said before it is sent: refused before a byte of it is read.
+                await _too_large(send, limit)
+                return None
+        pieces: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # the client left
+            piece = message.get("body", b"")
+            if piece:
+                size += len(piece)
+                if size > limit:
+                    await _too_large(send, limit)
+                    return None
+                pieces.append(piece)
+            if not message.get("more_body"):
+                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     # -- a request ---------------------------------------------------------------------
 
@@ -284,6 +324,7 @@ class Gateway:
         if include_usage is not None and type(include_usage) is not bool:
             raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
         params = sampling(body, self.vocab.size)
+        _servable(body)
         for k in BACKENDS[self.kind].lacks:
             if params.get(k):
                 raise RequestError(f"{k} cannot be served: the {self.kind} backend has no such field",
@@ -317,7 +358,12 @@ class Gateway:
                 raise
             return  # nobody is listening
         watch.stop()
-        ids = out.ids
+        ids, finish = out.ids, out.finish_reason
+        limit = job.gen.params.get("max_tokens")
+        if limit is not None and len(ids) > limit:
+            # An engine that generated past the limit asked for: what it
+            # asked for is the answer, cut off there.
+            ids, finish = ids[:limit], "length"
         try:
             parsed = self.template.parse(ids, self.tokenizer, completion=True, lenient=True, thinking=job.thinking,
                                          max_chars=max(len(ids), 1))
@@ -325,7 +371,7 @@ class Gateway:
             await _respond(send, 502, _error_body(502, f"the backend's ids cannot be read: {e}",
                                                   type="backend_error", code="backend_invalid_response"))
             return
-        shaped = shape_message(parsed, cut_by="stop" if out.finish_reason == "stop" else "length")
+        shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length")
         stop = job.gen.params.get("stop")
         if stop:
             shaped = StopSequences(stop).message(shaped, len(ids))
@@ -382,6 +428,7 @@ class Gateway:
         early = False
         lost = 0
         stop_ids = frozenset(job.gen.all_stop_ids())  # where a whole answer is cut too
+        limit = job.gen.params.get("max_tokens")
         try:
             while piece is not None:
                 ids, finish = piece
@@ -404,6 +451,12 @@ class Gateway:
                         # a whole answer's do.
                         ids = ids[:next(k for k, t in enumerate(ids) if t in stop_ids) + 1]
                         stopped = True
+                    if limit is not None and n + job.gen.lost + len(ids) > limit:
+                        # An engine that goes on past the limit the request
+                        # set: the answer ends there, as a cut-off one, and
+                        # closing the stream stops the engine.
+                        ids = ids[:max(0, limit - n - job.gen.lost)]
+                        finish, stopped = "length", False
                     n += len(ids)
                     out += encode(chunks.feed(parser.feed(ids[0]) if len(ids) == 1 else parser.feed_many(ids)))
                 if finish is not None:
@@ -447,6 +500,91 @@ class Gateway:
         watch.stop()
         await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
         return early
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = _error_body(413, f"the request body is larger than {limit:,} bytes, the largest this server reads",
+                       type="invalid_request_error", code=413)
+    # The rest of the body is not read: the connection cannot serve another request.
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _content_type(scope: Scope) -> tuple[int, bytes] | None:
+    """A 415 unless the body is declared JSON (or not declared at all)."""
+    for name, value in scope["headers"]:
+        if name != b"content-type":
+            continue
+        kind, _, params = value.decode("latin-1").partition(";")
+        kind = kind.strip().lower()
+        charset = next((v.strip().strip('"').lower() for k, _, v in (p.partition("=") for p in params.split(";"))
+                        if k.strip().lower() == "charset"), "utf-8")
+        if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+            if charset in ("utf-8", "utf8"):
+                return None
+            return 415, _error_body(415, f"the request body must be UTF-8 JSON, not charset {shown(charset)}",
+                                    type="invalid_request_error", code=415)
+        return 415, _error_body(415, f"the request body must be JSON (content-type: application/json), not "
+                                     f"{shown(kind)}", type="invalid_request_error", code=415)
+    return None
+
+
+def _read_json(raw: bytes) -> tuple[tuple[int, bytes] | None, Any]:
+    """The body as a JSON object, or the 400 that says what it is instead."""
+
+    def bad(message: str) -> tuple[tuple[int, bytes], None]:
+        return (400, _error_body(400, message, type="invalid_request_error")), None
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return bad(f"the request body is not UTF-8: byte {e.object[e.start]:#04x} at offset {e.start:,} "
+                   f"({e.reason})")
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        return bad("the request body nests arrays and objects deeper than the JSON parser reads")
+    except ValueError as e:
+        return bad(f"the request body is not JSON: {e}")
+    if type(body) is not dict:
+        return bad(f"the request body must be a JSON object, not {_JSON_TYPES.get(type(body), 'a value')}")
+    return None, body
+
+
+MAX_TOOLS = 128
+"""The most tools a request may declare, as OpenAI takes: each one is in
+the prompt and, when the output is constrained, in the grammar the engine
+compiles."""
+
+
+def _servable(body: Mapping[str, Any]) -> None:
+    """Refuse what would reach no engine, and tool lists past their bound.
+
+    The engine is sent token ids only: an image (or audio, video) part
+    would be one placeholder in the prompt, the model answering about a
+    picture it never got. Until an engine is sent the media itself, such a
+    request is refused, naming the part, rather than answered without it."""
+    for key in ("tools", "functions"):
+        tools = body.get(key)
+        if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+            raise RequestError(f"{key} declares {len(tools)} tools: at most {MAX_TOOLS} are taken", location=key)
+    if body.get("image_prompts"):
+        raise OptionError("image_prompts cannot be served: the engine is sent token ids only, and no image",
+                          option="image_prompts")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return  # the chat layer says what is wrong with it
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            t = part.get("type") if isinstance(part, Mapping) else None
+            if isinstance(t, str) and t not in TEXT_PART_TYPES:
+                raise MessageError(f"a content part of type {shown(t)} cannot be served: the engine is sent token "
+                                   "ids only, so the model would never see it", index=i, path=f"content[{j}]")
 
 
 def _lost(k: int, offset: int) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class _Pieces:
 
 
 def _builtin_templates() -> list[Template]:
-    from ..chat.dialect import BUILTIN
+    from ..chat.template_file import BUILTIN
 
     seen: set[str] = set()
     out: list[Template] = []
@@ -82,15 +82,16 @@ def _pieces(template: Template | None) -> _Pieces:
     frags: list[str] = []
     for t in templates:
         m, n, d = t.markers, t.dialect.names, t.dialect
+        think, answer = d.channel_tag("reasoning") or "think", d.channel_tag("content") or "response"
         markers += [*m.all(), *([d.image_placeholder] if d.image_placeholder else [])]
         frags += [
             f"{m.close}{n['argument']}{m.sep}",
             f"{m.close}{n['message']}{m.sep}{m.end}",
             f'{m.open}{n["message"]} {n["role"]}="system"{m.sep}',
             f'{m.open}{n["message"]} {n["role"]}="user"{m.sep}',
-            f'{m.open}{n["message"]} {n["role"]}="assistant"{m.sep}{m.open}{d.prompt_tag(True) or n["think"]}{m.sep}',
-            f"{m.close}{n['think']}{m.sep}{m.open}{n['response']}{m.sep}",
-            f"{m.close}{n['think']}{m.sep}",
+            f'{m.open}{n["message"]} {n["role"]}="assistant"{m.sep}{m.open}{d.prompt_tag(True) or think}{m.sep}',
+            f"{m.close}{think}{m.sep}{m.open}{answer}{m.sep}",
+            f"{m.close}{think}{m.sep}",
             f'{m.open}{n["call"]} {n["tool"]}="x" {n["index"]}="1"{m.sep}',
             f'{m.open}{n["argument"]} {n["key"]}="a" {n["type"]}="string"{m.sep}',
             f'{m.open}{n["json"]} {n["type"]}="object"{m.sep}',

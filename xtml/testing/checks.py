@@ -302,7 +302,7 @@ def check_stream_equals_batch(template: Template, request: Any, tokenizer: Token
 
 def _check_stream(template: Template, tokenizer: TokenizerLike, ids: list[int], expected: dict[str, Any],
                   thinking: bool, chunks: Sequence[int] | None, what: str) -> None:
-    n = template.dialect.names
+    d = template.dialect
     batch = _call("strict completion parse", template.parse, ids, tokenizer, completion=True, thinking=thinking)
     _assert_equal(expected, batch, f"completion parse {what} differs from the normal form")
     lenient = _call("lenient completion parse", template.parse, ids, tokenizer, completion=True,
@@ -319,12 +319,13 @@ def _check_stream(template: Template, tokenizer: TokenizerLike, ids: list[int], 
     reason = "tool_calls" if batch.get("tool_calls") else "stop"
     if end.stop_reason != reason:
         raise AssertionError(f"stop_reason {end.stop_reason!r} {what}, expected {reason!r}")
-    think = "".join(e.text or "" for e in events if e.type == "text" and e.channel == n["think"])
+    think = "".join(e.text or "" for e in events if e.type == "text" and e.channel == d.channel_tag("reasoning"))
     if think != batch.get("reasoning_content", ""):
         raise AssertionError(f"the think deltas {what} add up to {_shown(think)}, "
                              f"the reasoning is {_shown(batch.get('reasoning_content', ''))}")
     if isinstance(batch.get("content"), str):
-        response = "".join(e.text or "" for e in events if e.type == "text" and e.channel == n["response"])
+        response = "".join(e.text or "" for e in events
+                           if e.type == "text" and e.channel == d.channel_tag("content"))
         if response != batch["content"]:
             raise AssertionError(f"the response deltas {what} add up to {_shown(response)}, "
                                  f"the content is {_shown(batch['content'])}")

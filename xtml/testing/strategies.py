@@ -159,7 +159,12 @@ def _gen(template: Template, images: bool) -> _Gen:
         lambda name, desc, params: {"type": "function",
                                     "function": {"name": name, "description": desc, "parameters": params}},
         nonempty, short, objects)
-    tools = st.lists(st.one_of(schema, schema, json_values(template, 4)), min_size=1, max_size=3)
+    # A tool is a tool schema in one of the forms clients send (render and
+    # the grammar refuse anything else alike): chat, flat (Responses API), bare.
+    flat = st.builds(lambda name, desc, params: {"type": "function", "name": name, "description": desc,
+                                                 "parameters": params}, nonempty, short, objects)
+    bare = st.builds(lambda name, params: {"name": name, "parameters": params}, nonempty, objects)
+    tools = st.lists(st.one_of(schema, schema, flat, bare), min_size=1, max_size=3)
     return _Gen(template, _roles(template), text, short, nonempty, content, arguments, call_ids, tools,
                 json_values(template), objects, _image_prompt_strategy(template) if images else None)
 

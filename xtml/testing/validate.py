@@ -2,7 +2,7 @@
 
 :func:`validate` runs the checks in order and collects findings instead of
 stopping at the first: TOML syntax; keys, types and values of every section
-(:func:`xtml.chat.dialect.check_text`); plugins and their settings; the
+(:func:`xtml.chat.template_file.check_text`); plugins and their settings; the
 grammar built strictly; with a tokenizer, that every marker is one special id
 and splits cleanly out of surrounding text; finally a self-test that renders
 generated requests and parses them back.
@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..chat.dialect import Dialect, Problem, check_text, locate, read_template
+from ..chat.dialect import Dialect
+from ..chat.keys import locate
+from ..chat.template_file import Problem, check_text, read_template
 from ..errors import TemplateError, XtmlError
 
 __all__ = ["Finding", "Report", "validate"]
@@ -166,7 +168,8 @@ def _tokenizer(d: Dialect, path: str | Path, text: str, file: str, add_markers: 
             added = vocab.added_id(s)
             what = "an added token but not a special one" if added is not None else "not a special token"
             add(key, f"marker {s!r} is {what} of {vocab.source}",
-                "add the markers as special tokens (xtml render --add-markers, or add_special_tokens=)")
+                "for a base model's tokenizer, add the markers as special tokens: xtml validate --add-markers "
+                "(load_tokenizer(..., add_special_tokens=) in Python)")
             continue
         ids[s] = sid
         # Text holding the marker literal must never encode to its id.

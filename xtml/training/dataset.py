@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import IO, Any, cast
 
-from ..chat.dialect import load_dialect
+from ..chat.template_file import load_dialect
 from ..codec.training import encode_example, overruns
 from ..errors import XtmlError
 from ..plugins.jsonfmt import BadInput, input_json

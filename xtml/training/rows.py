@@ -8,8 +8,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..chat.dialect import Dialect, Training, load_dialect
+from ..chat.dialect import Dialect, Training
 from ..chat.request import OPTION_NAMES
+from ..chat.template_file import load_dialect
 from ..codec.training import IGNORE_INDEX, Train, TrainingExample, encode_example
 from ..errors import XtmlError
 from ..plugins.jsonfmt import BadInput, input_json

@@ -37,7 +37,7 @@ The formats, as each engine documents them:
 
 Run one on its own (the load test and the benchmark do)::
 
-    python -m tests.backends --kind vllm --answers answers.json [--port 0]
+    python -m tests.helpers.engines --kind vllm --answers answers.json [--port 0]
 
 prints ``port N`` once it listens.
 """
@@ -81,7 +81,8 @@ class StandIn:
     ``status`` (answers ``status`` with an error object), ``unhealthy``.
     ``delay`` is the time between stream events, ``head_delay`` the time
     before answering at all. ``incremental``: SGLang's
-    ``--incremental-streaming-output``.
+    ``--incremental-streaming-output``. ``runaway``: an engine that ignores
+    the token limit it is sent and generates on.
     """
 
     def __init__(self, kind: str, *, eog: tuple[int, ...] = (), vocab_size: int = 1 << 20,
@@ -102,6 +103,7 @@ class StandIn:
         self.delay = 0.0
         self.head_delay = 0.0
         self.incremental = False
+        self.runaway = False
         # The context length (vLLM's max_model_len, SGLang's max_req_len);
         # None: vLLM's model card leaves it out.
         self.context: int | None = 1 << 16
@@ -121,7 +123,7 @@ class StandIn:
         self.status = 500
         self.good = 2
         self.delay = self.head_delay = 0.0
-        self.incremental = False
+        self.incremental = self.runaway = False
         self.context = 1 << 16
         self.requests.clear()
         self.sent.clear()
@@ -145,6 +147,8 @@ class StandIn:
             prompt, limit, stops = body["prompt"], body.get("n_predict"), list(self.eog)
             if limit is not None and limit < 0:
                 limit = None
+        if self.runaway:
+            limit = None
         if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
             raise ValueError("the prompt must be a list of token ids")
         # Stop sequences are matched on the text generated so far, and the

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 
 
 def run_examples(page: str | Path, *, at_least: int = 1) -> tuple[str, dict[str, Any]]:

