@@ -35,6 +35,9 @@ text they decode to; for templates: of the file). Paths:
   1 MiB template limit the file is refused at once.
 * ``gateway-body``: a request body collected by ``xtml serve``
   (``Gateway._body``) from 64 KiB pieces, as uvicorn hands them over.
+* ``stream-deltas``: one engine read of that many bytes of answer text, one
+  text event a token (about 4 bytes), and half as many argument deltas, fed
+  to ``ChunkStream.feed`` at once, as the gateway feeds an engine's read.
 
 ``--fourfold MB`` runs each path at MB and at four times MB in the same run
 and prints the time of the larger over the smaller: about 4 for a linear
@@ -63,7 +66,8 @@ from typing import Any
 HERE = Path(__file__).parent
 SIZES_KB = [1, 10, 100, 1_000, 10_000, 100_000]
 PATHS = ["encode", "encode-one-message", "render", "normalize-parts", "parse-ids", "parse-text", "parse-ids-stray",
-         "parse-text-stray", "parse-text-bad-header", "image-prompt", "template-keys", "gateway-body"]
+         "parse-text-stray", "parse-text-bad-header", "image-prompt", "template-keys", "gateway-body",
+         "stream-deltas"]
 NEEDS_TOKENIZER = {"encode", "encode-one-message", "parse-ids", "parse-ids-stray"}
 
 
@@ -203,6 +207,20 @@ def build(path: str, size: int) -> tuple[Callable[[], Any], int]:
             return await Gateway._body(stub, {"headers": []}, receive, send)
 
         return (lambda: asyncio.run(collect())), n * len(block)
+    if path == "stream-deltas":
+        from xtml.codec.stream import StreamEvent
+        from xtml.serving.openai import ChunkStream
+
+        n = max(1, size // 6)
+        events = [StreamEvent("text", k, "response", "abcd") for k in range(n)]
+        events.append(StreamEvent("tool_call_start", n, index=1, name="f"))
+        events.append(StreamEvent("argument_start", n, index=1, key="a", value_type="string"))
+        events += [StreamEvent("argument_delta", n + k, index=1, key="a", text="xy") for k in range(n // 2)]
+
+        def feed() -> Any:
+            return ChunkStream(model="m").feed(events)
+
+        return feed, 4 * n + 2 * (n // 2)
     raise SystemExit(f"unknown path {path!r}")
 
 

@@ -246,6 +246,20 @@ def test_errors_quote_at_most_a_few_dozen_characters(lenient: bool) -> None:
             assert len(str(e.value)) < SHORT
 
 
+def test_strict_id_parse_errors_are_short_however_long_the_tags() -> None:
+    """Ids take the tree builder, not the reference grammar: its errors name
+    the open elements' path, which is cut as the quotes are."""
+    from tests.helpers.tokenizers import k3_vocab
+
+    huge = "a" * 300_000
+    for text in ("<|open|>" + huge + "<|sep|>x<|close|>b<|sep|><|end_of_msg|>",
+                 "<|open|>m<|sep|>" + ("<|open|>" + huge + "<|sep|>") * 8 + "<|close|>b<|sep|><|end_of_msg|>"):
+        ids = K3.completion_ids(text, k3_vocab())
+        with pytest.raises(xtml.ParseError) as e:
+            K3.parse(ids, k3_vocab())
+        assert len(str(e.value)) < SHORT, str(e.value)[:500]
+
+
 def test_excerpt() -> None:
     """Quoted input is cut to a bounded length and says how long it was; a
     string is cut before it is quoted (its repr costs as much as it)."""

@@ -239,7 +239,10 @@ class _Open:
 
 
 def _path(stack: list[_Open]) -> str:
-    return "/".join(o.tag for o in stack)
+    # Tags are input: each is cut, and a deep path keeps its innermost end,
+    # so that an error about a megabyte-long tag is still one short line.
+    tags = [o.tag if len(o.tag) <= 24 else o.tag[:24] + "…" for o in stack[-6:]]
+    return ("…/" if len(stack) > 6 else "") + "/".join(tags)
 
 
 def build(
