@@ -208,11 +208,27 @@ def _strings(s: Any, root: Any, depth: int, notes: list[str], where: str) -> lis
                     out += _strings(merged, root, depth + 1, notes, where)
             return out
     if isinstance(s.get("allOf"), list):
-        # Every part applies: the strings of any one part hold all of them.
+        # Every part applies: fixed texts must be in every part that fixes
+        # them and fit every part's lengths; lengths meet.
         parts = [siblings, *s["allOf"]]
         found = [_strings(p, root, depth + 1, notes, where) for p in parts]
-        exact = [f for f in found if f and all(x.texts is not None for x in f)]
-        return exact[0] if exact else found[0]
+        if any(not f for f in found):
+            return []
+        plain = [f[0] for f in found if len(f) == 1 and f[0].texts is None]
+        lo = max((x.min_len for x in plain), default=0)
+        caps = [x.max_len for x in plain if x.max_len is not None]
+        hi = min(caps) if caps else None
+        if any(len(f) > 1 for f in found):
+            notes.append(f"{where}: string alternatives inside allOf are not enforced")
+        exact = [{t for x in f for t in (x.texts or ())} for f in found if all(x.texts is not None for x in f)]
+        if exact:
+            first = [t for x in next(f for f in found if all(y.texts is not None for y in f)) for t in (x.texts or ())]
+            kept = [t for t in dict.fromkeys(first)
+                    if all(t in e for e in exact) and lo <= len(t) and (hi is None or len(t) <= hi)]
+            return [StringForm(tuple(kept))] if kept else []
+        if hi is not None and hi < lo:
+            return []
+        return [StringForm(None, lo, hi)]
     texts: list[str] | None = None
     if isinstance(s.get("enum"), list):
         texts = [v for v in s["enum"] if isinstance(v, str)]
