@@ -210,3 +210,19 @@ def test_renamed_channels_stream_shape_and_constrain_as_data(order: str, holds: 
         assert f'<|close|> "{tag}" <|sep|>' in grammar, tag
     for old in ("think", "response", "tools"):
         assert f'"{old}" <|sep|>' not in grammar, old
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_the_generation_prompt_is_recognised_as_built(thinking: bool) -> None:
+    from xtml.chat.prompt import generation_prompt, is_generation_prompt
+    from xtml.markup.nodes import Element, Text
+
+    for t in (xtml.load("kimi-k3"), xtml.load("xtml-base")):
+        d = t.dialect
+        prompt = generation_prompt(d, thinking)
+        assert is_generation_prompt(d, prompt, thinking)
+        assert not is_generation_prompt(d, generation_prompt(d, not thinking), thinking) or \
+            d.prompt_tag(True) == d.prompt_tag(False)
+        assert not is_generation_prompt(d, Element(prompt.tag, prompt.attrs, prompt.children, closed=True), thinking)
+        assert not is_generation_prompt(d, Element(prompt.tag, prompt.attrs, (*prompt.children, Text("x")),
+                                                   closed=False), thinking)

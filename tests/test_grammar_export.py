@@ -602,6 +602,67 @@ def test_schema_features_refuse(case: dict[str, Any]) -> None:
     assert offset(ps, k) <= refused_at(grammar, ids_of(ps)) <= offset(ps, k + 1)
 
 
+NUMBERS = {"type": "object", "additionalProperties": False, "properties": {
+    "n": {"type": "number"}, "i": {"type": "integer"}, "lo": {"type": "number", "exclusiveMinimum": 0},
+    "o": {"type": "object"}, "a": {"type": "array"}}}
+
+
+def _numbers_call(args: dict[str, Any]) -> tuple[str, list[Piece]]:
+    tool = {"type": "function", "function": {"name": "f", "parameters": NUMBERS}}
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "thinking": False}
+    message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": args}}]}
+    return K3.completion_grammar(history, vocab()), pieces(K3, history, message)
+
+
+@pytest.mark.parametrize("args", [
+    {"n": 1e-07, "lo": 1e-07}, {"n": 1e300, "lo": 1e300, "i": 10**4299}, {"n": -2.5e-300, "lo": 1.7e16},
+    {"n": 1e308, "i": -(10**40)}, {"n": 1.7e308, "lo": 1.7976931348623157e308},
+    {"o": {"x": [1e-07, -1e300, {"\u00e9\x01": None}]}, "a": [5e-324, 2**64]}])
+def test_numbers_as_python_writes_them_are_accepted(args: dict[str, Any]) -> None:
+    grammar, ps = _numbers_call(args)
+    accepts(grammar, ids_of(ps))
+
+
+@pytest.mark.parametrize(("key", "text"), [
+    ("n", "1e400"), ("n", "1.8e308"), ("n", "1" * 400 + ".5"), ("i", "1" * 4301), ("lo", "-1e-07"), ("lo", "1e400"),
+    ("o", '{"x": 1e400}'), ("a", "[1E999]"), ("a", '["\\ud800"]')])
+def test_numbers_past_what_python_reads_are_refused(key: str, text: str) -> None:
+    """A strict parse refuses these (or the schema does); the grammar
+    refuses them inside the value."""
+    good = {"n": 7, "i": 7, "lo": 7, "o": {"x": 7}, "a": [7]}[key]
+    grammar, ps = _numbers_call({key: good})
+    k = find(ps, [json.dumps(good)])
+    ps[k] = piece(K3, text)
+    assert offset(ps, k) <= refused_at(grammar, ids_of(ps)) < offset(ps, k + 1)
+
+
+@pytest.mark.parametrize("where", ["key", "enum", "nested", "name"])
+def test_a_fixed_string_that_spells_a_marker_is_refused(where: str) -> None:
+    """llguidance would force the marker's token there, then refuse it: the
+    request is refused, at the string's place."""
+    schema: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "string"}}}
+    name, place = "f", r"tools\[0\]\.function\.parameters\.properties"
+    if where == "key":
+        schema["properties"]["<|sep|>"] = {"type": "boolean"}
+    elif where == "enum":
+        schema["properties"]["a"]["enum"] = ["x<|open|>y"]
+        place += r'\["a"\]\.enum\[0\]'
+    elif where == "nested":
+        schema["properties"]["a"] = {"type": "object", "properties": {"b": {"const": "<|close|>"}}}
+        place += r'\["a"\]\.properties\["b"\]\.const'
+    else:
+        name, place = "call<|end_of_msg|>", r"tools\[0\]\.function\.name"
+    req = {"messages": [{"role": "user", "content": "x"}],
+           "tools": [{"type": "function", "function": {"name": name, "parameters": schema}}]}
+    with pytest.raises(xtml.RequestError, match="spells a special token") as e:
+        K3.completion_grammar(req, vocab())
+    assert re.fullmatch(place + r'(\["<\|sep\|>"\])?', str(e.value.location)), e.value.location
+    # Text that spells a marker stays allowed where it is free text.
+    schema["properties"] = {"a": {"type": "string"}}
+    K3.completion_grammar({**req, "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]},
+                          vocab())
+
+
 def test_tool_without_parameters_and_the_responses_shape() -> None:
     tools = [{"type": "function", "function": {"name": "free"}}, {"type": "function", "name": "flat"}]
     history = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "thinking": False,
@@ -731,7 +792,7 @@ def test_errors_name_their_place() -> None:
     with pytest.raises(xtml.OptionError, match="does not declare"):
         K3.completion_grammar({**ok, "tool_choice": {"type": "function", "function": {"name": "f"}}})
     with pytest.raises(xtml.OptionError, match="format"):
-        K3.completion_grammar(ok, format="gbnf")
+        K3.completion_grammar(ok, format="outlines")
     with pytest.raises(xtml.TokenizerError, match="pass the tokenizer"):
         K3.completion_grammar(ok, format="xgrammar")
     with pytest.raises(xtml.TokenizerError, match="not a special token"):

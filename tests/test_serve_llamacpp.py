@@ -21,85 +21,18 @@ generation."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-import xtml
-from tests.helpers.engines import closed_port, running
-from tests.helpers.gguf import write_tiny_llama
-from tests.helpers.need import need
+from tests.helpers.llamacpp import CTX, K3, Engine, gateway
 from tests.helpers.serve import REQUEST, expected, got_stream, got_whole
-from tests.helpers.tokenizers import tiny_tokenizer_json
-from xtml.serving.gateway import create_app
 
 pytestmark = pytest.mark.engines
-
-K3 = xtml.load("kimi-k3")
-CTX = 8192
-STARTUP_S = 60.0
-
-
-class Engine:
-    """llama-server on the loopback address, with the tiny model."""
-
-    def __init__(self, folder: Path, chain: bytes = b"") -> None:
-        server = need("llama-server", "tests/run (builds it once), or set XTML_LLAMA_SERVER",
-                      env="XTML_LLAMA_SERVER")
-        self.vocab = xtml.load_tokenizer(tiny_tokenizer_json(str(folder)), add_special_tokens=K3.markers.all())
-        tokenizer = folder / "k3-tokenizer.json"
-        self.vocab.tokenizer.save(str(tokenizer))
-        marks = K3.bind(self.vocab).marker_ids
-        self.end = marks[K3.markers.end]
-        model = folder / "tiny.gguf"
-        # chain: the model generates these bytes, one byte token each, over
-        # and over after the generation prompt.
-        byte_id = {b: i for i, b in enumerate(self.vocab.byte_table()) if len(b) == 1}
-        self.chain = [byte_id[bytes([c])] for c in chain]
-        write_tiny_llama(model, tokenizer, eog=self.end, control=list(marks.values()), ctx=CTX, chain=self.chain,
-                         after=K3.encode(REQUEST, self.vocab)[-1])
-        port = closed_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = folder / "llama-server.log"
-        self.log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [server, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-             "--ctx-size", str(CTX), "--parallel", "1", "--threads", "1", "--no-webui", "--no-warmup"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server did not start; its log: {folder / 'llama-server.log'}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-
-    def complete(self, prompt: list[int], **fields: Any) -> dict[str, Any]:
-        """The engine called directly, as its documentation says."""
-        r = httpx.post(self.url + "/completion", json={"prompt": prompt, "return_tokens": True, **fields},
-                       timeout=30)
-        r.raise_for_status()
-        out: dict[str, Any] = r.json()
-        return out
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +65,7 @@ def bigram_client(bigram: Engine) -> Iterator[openai.OpenAI]:
 
 
 def _gateway(engine: Engine) -> Iterator[openai.OpenAI]:
-    with running(create_app(K3, engine.vocab, engine.url, kind="llamacpp", timeout=30)) as gw:
-        c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=60)
-        yield c
-        c.close()
+    yield from gateway(engine)
 
 
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 7}
@@ -267,19 +197,32 @@ def test_a_prompt_longer_than_the_context_is_the_engines_400(engine: Engine, cli
     assert e.value.status_code == 400
 
 
+@pytest.fixture(scope="module")
+def lark_client(engine: Engine) -> Iterator[openai.OpenAI]:
+    yield from gateway(engine, grammar_format="llguidance")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_grammar_this_build_cannot_run_is_an_openai_error(engine: Engine, client: openai.OpenAI,
-                                                            stream: bool) -> None:
-    # The completion grammar opens with "%llguidance {}": a llama.cpp built
-    # without LLAMA_LLGUIDANCE refuses it (common/sampling.cpp: "llguidance
-    # is not enabled"), and the client gets that as an error object.
+                                                            lark_client: openai.OpenAI, stream: bool) -> None:
+    # Told the engine has llguidance, the gateway sends "%llguidance {}"
+    # Lark: this build, without LLAMA_LLGUIDANCE, refuses it
+    # (common/sampling.cpp: "llguidance is not enabled"), and the client
+    # gets that as an error object.
     with pytest.raises(openai.APIStatusError) as e:
-        r = client.chat.completions.create(model="kimi-k3", max_tokens=8, tool_choice="required", stream=stream,
-                                           **REQUEST)
+        r = lark_client.chat.completions.create(model="kimi-k3", max_tokens=8, tool_choice="required",
+                                                stream=stream, **REQUEST)
         if stream:
             list(r)  # type: ignore[arg-type]
     assert e.value.status_code == 400
     assert "llguidance is not enabled" in str(e.value)
+    # By default llama.cpp gets GBNF, which its own grammar sampler runs.
+    r = client.chat.completions.create(model="kimi-k3", max_tokens=8, tool_choice="required", stream=stream,
+                                       **REQUEST)
+    if isinstance(r, openai.Stream):
+        assert list(r)
+    else:
+        assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
 def test_a_client_that_leaves_cancels_the_generation(engine: Engine, client: openai.OpenAI) -> None:

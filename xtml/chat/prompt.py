@@ -29,5 +29,15 @@ def write_prompt(d: Dialect, thinking: bool, sink: MarkupSink) -> None:
 
 
 def is_generation_prompt(d: Dialect, el: Element, thinking: bool) -> bool:
-    """Whether a parsed element is the generation prompt of ``thinking``."""
-    return el == generation_prompt(d, thinking)
+    """Whether a parsed element is :func:`generation_prompt` of ``thinking``
+    (read without building one: a parse asks this of every message)."""
+    n = d.names
+    if el.closed or el.tag != n["message"] or el.attrs != ((n["role"], "assistant"),):
+        return False
+    tag = d.prompt_tag(thinking)
+    if not tag:
+        return not el.children
+    if len(el.children) != 1:
+        return False
+    ch = el.children[0]
+    return type(ch) is Element and ch.tag == tag and not ch.closed and not ch.children and not ch.attrs

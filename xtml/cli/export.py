@@ -20,11 +20,13 @@ COMMANDS = ("export",)
 EPILOG = """examples:
   xtml export grammar request.json --tokenizer path/to/model > grammar.lark
   xtml export grammar request.json --format xgrammar --tokenizer tok.json -o grammar.ebnf
+  xtml export grammar request.json --format gbnf --tokenizer tok.json -o grammar.gbnf
   xtml export grammar request.json -t xtml-base --tokenizer tok.json --add-markers --thinking true
 
 The llguidance grammar is Lark text: llguidance.LLMatcher(LLTokenizer, text) loads it as it is
 (--json prints it as llguidance's {"grammars": [{"lark_grammar": ...}]} instead). The xgrammar
-grammar is EBNF for xgrammar.Grammar.from_ebnf; its header lists what it cannot express.
+grammar is EBNF for xgrammar.Grammar.from_ebnf, the gbnf grammar GBNF for llama.cpp's own grammar
+sampler (llama-server's "grammar" field, --grammar-file); their headers list what they cannot express.
 """
 
 
@@ -44,12 +46,12 @@ def add_commands(sub: Any) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("file", metavar="REQUEST", help="a request (JSON), or - for stdin")
     g.add_argument("-f", "--format", choices=FORMATS, default="llguidance",
-                   help="llguidance (Lark text, default) or xgrammar (EBNF)")
+                   help="llguidance (Lark text, default), xgrammar (EBNF) or gbnf (llama.cpp's GBNF)")
     g.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
                    help="built-in template name or template file (default: kimi-k3)")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="checks every marker is one special token, and gives the ids of markers referenced by id "
-                        "(needed for xgrammar and for markers not spelled <...>): " + TOKENIZER_HELP)
+                        "(needed for xgrammar, gbnf and for markers not spelled <...>): " + TOKENIZER_HELP)
     g.add_argument("--add-markers", action="store_true",
                    help="add the template's markers to the tokenizer as special tokens first")
     g.add_argument("--thinking", type=_bool, metavar="BOOL", help="override the request's thinking option")
@@ -75,8 +77,8 @@ def _request(path: str) -> Any:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml export``; returns the exit status."""
-    if args.format == "xgrammar" and not args.tokenizer:
-        raise UsageError("--format xgrammar writes markers by token id: it needs --tokenizer PATH")
+    if args.format in ("xgrammar", "gbnf") and not args.tokenizer:
+        raise UsageError(f"--format {args.format} writes markers by token id: it needs --tokenizer PATH")
     if args.json and args.format != "llguidance":
         raise UsageError("--json is for --format llguidance")
     tpl = load(args.template)

@@ -41,8 +41,10 @@ EPILOG = """examples:
 Then point any OpenAI client at http://127.0.0.1:8000/v1. The gateway renders each request to token
 ids with the template, sends the ids to the engine, and parses the ids that come back (streamed or
 whole) into OpenAI objects. A request that names a tool in tool_choice, sets it to "required", or
-asks for a response_format also sends the engine the grammar of the completion (llguidance Lark;
-the engine needs its llguidance backend), unless --no-grammar. docs/serving.md has the details.
+asks for a response_format, or sets tool_choice to "none" while declaring tools, also sends the
+engine the grammar of the completion, unless --no-grammar: llguidance Lark for vllm and sglang (the
+engine needs its llguidance backend), GBNF for llamacpp (--grammar-format llguidance for a llama.cpp
+built with llguidance). docs/serving.md has the details.
 """
 
 
@@ -77,7 +79,12 @@ def add_commands(sub: Any) -> None:
                    help="longest wait on the engine: to connect, and between two reads (default: 600); past it "
                         "the request fails with 504")
     s.add_argument("--no-grammar", dest="grammar", action="store_false",
-                   help="never send the engine a completion grammar (for an engine without llguidance)")
+                   help="never send the engine a completion grammar")
+    s.add_argument("--grammar-format", choices=("llguidance", "gbnf"),
+                   help="the completion grammar's syntax: gbnf (llama.cpp's own grammar sampler; the default for "
+                        "llamacpp, whose builds mostly lack llguidance) or llguidance (Lark for the engine's "
+                        "llguidance backend; the default for vllm and sglang, and for a llama.cpp built with "
+                        "LLAMA_LLGUIDANCE)")
     limits = s.add_argument_group("limits", "What one client can make the server hold. SIZE is bytes, or a "
                                             "number with a unit: K, M, G (KiB, MiB, GiB: powers of 1024) or kB, "
                                             "MB, GB (powers of 1000)")
@@ -160,13 +167,17 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         if (e.name or "").partition(".")[0] == "xtml":
             raise
         raise ServeError(extra_missing("xtml serve", "serve", e.name or "a module")) from None
+    if args.grammar_format == "gbnf" and args.backend_kind != "llamacpp":
+        raise UsageError(f"--grammar-format gbnf is llama.cpp's syntax: the {args.backend_kind} backend takes "
+                         "llguidance grammars")
     check_backend_url(args.backend)  # before the tokenizer takes its time to load
     tpl = load(args.template)
     vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
     # Markers that do not fit the tokenizer are found now, not at the first request.
     tpl.bind(vocab)
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
-                     timeout=args.backend_timeout, grammar=args.grammar, max_body=args.max_body)
+                     timeout=args.backend_timeout, grammar=args.grammar,
+                     grammar_format=args.grammar_format, max_body=args.max_body)
     limits = Limits(header_bytes=args.max_header_size, header_lines=args.max_header_lines,
                     header_timeout=args.header_timeout, body_idle=args.body_timeout,
                     connections=args.max_connections)

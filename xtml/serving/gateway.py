@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from ..template import Template
     from ..vocab.vocabulary import Vocabulary
 
-__all__ = ["SSE", "Gateway", "create_app"]
+__all__ = ["GRAMMAR_FORMATS", "SSE", "Gateway", "create_app"]
 
 log = logging.getLogger("xtml.serve")
 
@@ -72,6 +72,9 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a num
 _MESSAGE_LIMIT = 1000
 """Characters of an error message sent: one that quotes a client's value
 at length is cut, whatever check wrote it."""
+GRAMMAR_FORMATS = ("llguidance", "gbnf")
+"""The grammar syntaxes sent to an engine: llguidance's Lark (every kind's
+llguidance backend) or GBNF (llama.cpp's own grammar sampler)."""
 KEEP_ALIVE = 65
 """Seconds an idle client connection is kept open: longer than the 5 s
 clients (httpx, the openai SDK) keep one, so that the server never closes a
@@ -146,16 +149,24 @@ class Gateway:
     name) and, when ``backend_model`` is None, nothing is sent to the
     engine as its model. ``timeout`` (seconds) bounds each wait on the
     backend: connecting, and each read. ``grammar=False`` sends no
-    completion grammar to the backend. ``max_body`` is the largest
+    completion grammar to the backend; ``grammar_format`` is the syntax
+    of the one sent (:data:`GRAMMAR_FORMATS`; default: ``gbnf`` for
+    llama.cpp, whose builds mostly lack llguidance, else ``llguidance``).
+    ``max_body`` is the largest
     request body read, in bytes (default :data:`MAX_BODY`): past it the
     answer is a 413, before the rest is read."""
 
     def __init__(self, template: Template, tokenizer: Any, backend: str, *, kind: str = "vllm",
                  model: str | None = None, backend_model: str | None = None, timeout: float = 600.0,
-                 grammar: bool = True, max_body: int = MAX_BODY) -> None:
+                 grammar: bool = True, grammar_format: str | None = None, max_body: int = MAX_BODY) -> None:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
+        if grammar_format is None:
+            grammar_format = "gbnf" if kind == "llamacpp" else "llguidance"
+        if grammar_format not in GRAMMAR_FORMATS or (grammar_format == "gbnf" and kind != "llamacpp"):
+            raise OptionError(f"grammar format must be llguidance{' or gbnf' if kind == 'llamacpp' else ''} for "
+                              f"the {kind} backend, not {grammar_format!r}", option="grammar_format")
         check_backend_url(backend)
         if type(max_body) is not int or max_body < 1:
             raise OptionError(f"max_body must be a positive number of bytes, not {shown(max_body)}",
@@ -174,6 +185,7 @@ class Gateway:
         self.backend_model = backend_model
         self.timeout = timeout
         self.grammar = grammar
+        self.grammar_format = grammar_format
         self.created = int(time.time())
         self._backend: Backend | None = None
 
@@ -338,9 +350,11 @@ class Gateway:
             raise OptionError("a chat completion continues the generation prompt: add_generation_prompt "
                               "cannot be false", option="add_generation_prompt")
         grammar = None
+        # "none" with tools declared: the grammar has no tools channel.
         if self.grammar and (o.tool_choice == "required" or o.response_format is not None
+                             or (o.tool_choice == "none" and o.tools)
                              or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
-            grammar = t.completion_grammar(body, self.tokenizer, unknown_keys="ignore")
+            grammar = t.completion_grammar(body, self.tokenizer, format=self.grammar_format, unknown_keys="ignore")
         gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
         return _Job(gen, o.thinking, bool(stream), bool(include_usage))
 

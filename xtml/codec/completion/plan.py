@@ -37,7 +37,7 @@ from .schema import Tool, typed_tool
 __all__ = ["FORMATS", "FRAGMENT_NAMES", "MAX_CALLS", "Plan", "completion_plan", "deep_schemas_refused",
            "fragment_rules"]
 
-FORMATS = ("llguidance", "xgrammar")
+FORMATS = ("llguidance", "xgrammar", "gbnf")
 """The grammar syntaxes a plan is made for:
 
 * ``llguidance``: Lark text in llguidance's dialect, which
@@ -45,7 +45,10 @@ FORMATS = ("llguidance", "xgrammar")
   that pass Lark grammars to it: vLLM, SGLang, llama.cpp);
 * ``xgrammar``: EBNF for ``xgrammar.Grammar.from_ebnf`` (root rule ``root``),
   which cannot express everything: what it leaves out is listed in the
-  grammar's header comment."""
+  grammar's header comment;
+* ``gbnf``: GBNF for llama.cpp's own grammar sampler (root rule ``root``),
+  for a llama.cpp built without llguidance; its header lists what it
+  cannot express."""
 MAX_CALLS = 64
 """Calls a message may make by default: each index is spelled out in the
 grammar, so the count is bounded (``max_calls=`` raises it)."""
@@ -80,6 +83,8 @@ def completion_plan(d: Dialect, binding: Binding | None, request: Any, *,
     with deep_schemas_refused():
         plan = _plan(d, request, options, max_calls=max_calls, json_fallback=json_fallback)
         plan.format = format
+        if format == "llguidance":
+            _refuse_special_spellings(plan, request, _special_texts(d, binding))
         if binding is not None:
             plan.text_ids = _text_ids(binding)
             plan.specials = sorted(binding.vocab.special_ids())
@@ -270,6 +275,70 @@ def _marker_refs(d: Dialect, binding: Binding | None, fmt: str, how: str) -> dic
         else:
             out[key] = f"<[{sid}]>" if fmt == "llguidance" else f"Token({sid})"
     return out
+
+
+def _special_texts(d: Dialect, binding: Binding | None) -> list[str]:
+    """Spellings of the markers, and of the vocabulary's special tokens."""
+    out = set(d.markers.all())
+    if binding is not None:
+        decoder = getattr(binding.vocab.tokenizer, "get_added_tokens_decoder", None)
+        if decoder is not None:
+            special = binding.vocab.special_ids()
+            out |= {t.content for i, t in decoder().items() if i in special and t.content}
+    return sorted(out)
+
+
+def _refuse_special_spellings(plan: Plan, request: Any, specials: list[str]) -> None:
+    """A fixed string of the grammar (a tool name, an argument or property
+    name, an enum or const string) that spells a special token: llguidance
+    forces its bytes, its tokenizer makes them the special token, and the
+    matcher then refuses the very token it forced (an error state
+    mid-completion). Such a request is refused here, where its place can be
+    named."""
+    if not specials:
+        return
+    pattern = re.compile("|".join(re.escape(x) for x in specials))
+    places: dict[str, str] = {}
+    if isinstance(request, Mapping):
+        for i, t in enumerate(request.get("tools") or []):
+            fn = t.get("function", t) if isinstance(t, Mapping) else None
+            if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+                places[fn["name"]] = f"tools[{i}]" + (".function" if "function" in t else "")
+    for t in plan.tools:
+        where = places.get(t.name, f"tools ({t.name!r})")
+        if pattern.search(t.name):
+            raise RequestError(f"tool name {t.name!r} spells a special token, which a grammar cannot force as text",
+                               location=f"{where}.name")
+        _scan(t.params, pattern, f"{where}.parameters")
+    if plan.response_schema is not None:
+        _scan(plan.response_schema, pattern, "response_format.json_schema.schema")
+
+
+def _scan(s: Any, pattern: re.Pattern[str], where: str) -> None:
+    if isinstance(s, list):
+        for k, x in enumerate(s):
+            _scan(x, pattern, f"{where}[{k}]")
+        return
+    if not isinstance(s, Mapping):
+        return
+    fixed: list[tuple[str, Any]] = []
+    props = s.get("properties")
+    if isinstance(props, Mapping):
+        fixed += [(f"{where}.properties[{json.dumps(k)}]", k) for k in props]
+    for key in ("required", "enum"):
+        if isinstance(s.get(key), list):
+            fixed += [(f"{where}.{key}[{k}]", x) for k, x in enumerate(s[key])]
+    if "const" in s:
+        fixed.append((f"{where}.const", s["const"]))
+    for place, x in fixed:
+        if isinstance(x, str) and pattern.search(x):
+            raise RequestError(f"{x!r} spells a special token, which a grammar cannot force as text", location=place)
+    for k, x in s.items():
+        if k == "properties" and isinstance(x, Mapping):
+            for name, sub in x.items():
+                _scan(sub, pattern, f"{where}.properties[{json.dumps(name)}]")
+        elif k not in ("enum", "const", "required", "default", "examples"):
+            _scan(x, pattern, f"{where}.{k}")
 
 
 # -- plugin fragments ------------------------------------------------------------------

@@ -76,8 +76,9 @@ class LlamaCpp(Backend):
         if bias:
             out["logit_bias"] = [[int(k), v] for k, v in bias.items()]  # keys checked by sampling()
         if gen.grammar is not None:
-            # The grammar opens with "%llguidance {}", which a llama.cpp
-            # built with LLAMA_LLGUIDANCE hands to llguidance.
+            # GBNF goes to llama.cpp's own grammar sampler; a grammar that
+            # opens with "%llguidance {}" only to a build with
+            # LLAMA_LLGUIDANCE (the gateway's grammar format says which).
             out["grammar"] = gen.grammar
         return out
 

@@ -1,0 +1,93 @@
+"""llama.cpp's server running a tiny llama model with random weights
+(tests/helpers/gguf.py) over a small byte-level BPE with the K3 markers as
+control tokens, the end marker as its end-of-generation token; and the
+gateway in front of it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+import xtml
+from tests.helpers.engines import closed_port, running
+from tests.helpers.gguf import write_tiny_llama
+from tests.helpers.need import need
+from tests.helpers.serve import REQUEST
+from tests.helpers.tokenizers import tiny_tokenizer_json
+from xtml.serving.gateway import create_app
+
+K3 = xtml.load("kimi-k3")
+CTX = 8192
+STARTUP_S = 60.0
+
+
+class Engine:
+    """llama-server on the loopback address, with the tiny model."""
+
+    def __init__(self, folder: Path, chain: bytes = b"") -> None:
+        server = need("llama-server", "tests/run (builds it once), or set XTML_LLAMA_SERVER",
+                      env="XTML_LLAMA_SERVER")
+        self.vocab = xtml.load_tokenizer(tiny_tokenizer_json(str(folder)), add_special_tokens=K3.markers.all())
+        tokenizer = folder / "k3-tokenizer.json"
+        self.vocab.tokenizer.save(str(tokenizer))
+        marks = K3.bind(self.vocab).marker_ids
+        self.end = marks[K3.markers.end]
+        model = folder / "tiny.gguf"
+        # chain: the model generates these bytes, one byte token each, over
+        # and over after the generation prompt.
+        byte_id = {b: i for i, b in enumerate(self.vocab.byte_table()) if len(b) == 1}
+        self.chain = [byte_id[bytes([c])] for c in chain]
+        write_tiny_llama(model, tokenizer, eog=self.end, control=list(marks.values()), ctx=CTX, chain=self.chain,
+                         after=K3.encode(REQUEST, self.vocab)[-1])
+        port = closed_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = folder / "llama-server.log"
+        self.log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [server, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+             "--ctx-size", str(CTX), "--parallel", "1", "--threads", "1", "--no-webui", "--no-warmup"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"llama-server did not start; its log: {folder / 'llama-server.log'}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+
+    def complete(self, prompt: list[int], **fields: Any) -> dict[str, Any]:
+        """The engine called directly, as its documentation says."""
+        r = httpx.post(self.url + "/completion", json={"prompt": prompt, "return_tokens": True, **fields},
+                       timeout=30)
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+
+def gateway(engine: Engine, **options: Any) -> Iterator[openai.OpenAI]:
+    """An OpenAI client of the gateway in front of ``engine``; ``options``
+    are the gateway's."""
+    with running(create_app(K3, engine.vocab, engine.url, kind="llamacpp", timeout=30, **options)) as gw:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        yield c
+        c.close()

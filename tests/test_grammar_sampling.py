@@ -1,0 +1,284 @@
+"""Soundness of the llguidance completion grammar, by sampling: random walks
+under the real matcher, each a completion the grammar admits, must parse
+strictly and give tool calls whose arguments fit their tools' schemas.
+
+A walk picks, at each step, uniformly among the tokens the matcher allows
+(``compute_logit_bias``); past a step budget it prefers the tokens that end
+things (special tokens, quotes, closing brackets), so every walk ends in a bounded
+number of steps. Walks per run: ``WALKS`` per example, so at least 200 under
+the ``ci`` profile (100 examples) and 10,000 under ``fuzz`` (5,000). What the
+grammar's header states it admits beyond a strict parse is told apart
+(:func:`stated`) and allowed; anything else fails.
+
+The vocabulary is small (a BPE trained here, the K3 markers added as special
+tokens) so that masks are cheap; the ``load`` run repeats it on the real
+129k-id vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jsonschema
+import llguidance
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xtml
+from tests.helpers.tokenizers import k3_vocab
+
+K3 = xtml.load("kimi-k3")
+WALKS = 2
+BUDGET = 120
+"""Steps a walk takes at random before it prefers ending tokens."""
+MAX_STEPS = 3000
+ENDING = set('"}]')
+
+
+@cache
+def tiny_vocab() -> xtml.Vocabulary:
+    """A byte-level BPE trained on markup and JSON, with the K3 markers as
+    special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<unk>"])
+    names = " ".join(K3.dialect.names.values())
+    corpus = [names, 'argument key="a" type="number"', 'call tool="f" index="1"', 'json type="object"',
+              '{"x": 1.5e-07, "y": [true, false, null], "z": "\\u00e9"}', "-0.25E+300 12345678901234567890",
+              "hello world, the quick brown fox"] * 40
+    tok.train_from_iterator(corpus, trainer)
+    path = os.path.join(tempfile.mkdtemp(), "tokenizer.json")
+    tok.save(path)
+    return xtml.load_tokenizer(path, add_special_tokens=K3.markers.all())
+
+
+@cache
+def lltok(big: bool) -> llguidance.LLTokenizer:
+    v = k3_vocab() if big else tiny_vocab()
+    end = K3.bind(v).marker_ids[K3.markers.end]
+    return llguidance.LLTokenizer(v.tokenizer.to_str(), eos_token=end)
+
+
+@cache
+def enders(big: bool) -> frozenset[int]:
+    """Ids that end a piece of the completion: the special tokens but the
+    open marker, and tokens spelled by one character that closes a string,
+    an array or an object."""
+    v = k3_vocab() if big else tiny_vocab()
+    # Not the open marker: it starts another call or argument.
+    out = set(v.special_ids()) - {K3.bind(v).marker_ids[K3.markers.open]}
+    size = v.tokenizer.get_vocab_size()
+    for i in range(size):
+        s = v.decode([i])
+        if len(s) == 1 and s in ENDING:
+            out.add(i)
+    return frozenset(out)
+
+
+# -- requests ---------------------------------------------------------------------------
+
+KEYS = st.text(alphabet="abk_", min_size=1, max_size=3)
+
+
+def _number(draw: st.DrawFn, kind: str) -> dict[str, Any]:
+    # Bounds that leave values between them: llguidance refuses a schema
+    # no number satisfies.
+    s: dict[str, Any] = {"type": kind}
+    for k, lo, hi in (("minimum", -50, 0), ("exclusiveMinimum", -50, 0), ("maximum", 1, 50),
+                      ("exclusiveMaximum", 1, 50)):
+        if draw(st.integers(0, 3)) == 0:
+            s[k] = draw(st.integers(lo, hi) if kind == "integer" else
+                        st.one_of(st.integers(lo, hi), st.floats(lo, hi)))
+    return s
+
+
+@st.composite
+def schemas(draw: st.DrawFn, depth: int = 0) -> Any:
+    kind = draw(st.sampled_from(["number", "integer", "string", "enum", "allOf", "boolean", "null", "array",
+                                 "any", *(["object"] if depth < 2 else [])]))
+    if kind in ("number", "integer"):
+        return _number(draw, kind)
+    if kind == "string":
+        s: dict[str, Any] = {"type": "string"}
+        if draw(st.booleans()):
+            s["minLength"] = draw(st.integers(0, 4))
+        if draw(st.booleans()):
+            s["maxLength"] = draw(st.integers(s.get("minLength", 0), 8))
+        return s
+    if kind == "enum":
+        return {"enum": draw(st.lists(st.one_of(st.text(alphabet="pq ", max_size=3), st.integers(-3, 3)),
+                                      min_size=1, max_size=3, unique=True))}
+    if kind == "allOf":
+        return {"allOf": [{"type": "string", "minLength": draw(st.integers(0, 3))},
+                          {"maxLength": draw(st.integers(3, 6))}]}
+    if kind == "array":
+        return {"type": "array", "items": draw(schemas(depth + 1)), "maxItems": 3}
+    if kind == "any":
+        return {}
+    if kind == "object":
+        return draw(objects(depth + 1))
+    return {"type": kind}
+
+
+@st.composite
+def objects(draw: st.DrawFn, depth: int = 0) -> dict[str, Any]:
+    # Required keys only where no other key may come (at a call's top): a
+    # walk past its budget would otherwise write unlisted keys forever,
+    # almost never spelling the required one.
+    props = draw(st.dictionaries(KEYS, schemas(depth), max_size=3))
+    closed = draw(st.booleans())
+    out: dict[str, Any] = {"type": "object", "properties": props,
+                           "required": [k for k in props if (closed or depth > 0) and draw(st.booleans())]}
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+@dataclass
+class Case:
+    request: dict[str, Any]
+    schemas: dict[str, Any]
+    thinking: bool
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    tools = draw(st.dictionaries(st.sampled_from(["f", "g_1", "h"]), objects(), min_size=1, max_size=2))
+    thinking = draw(st.booleans())
+    request: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "go"}], "thinking": thinking,
+        "tools": [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in tools.items()],
+        "tool_choice": draw(st.sampled_from(["auto", "required"]))}
+    if draw(st.integers(0, 3)) == 0:
+        request["response_format"] = {"type": "json_schema", "json_schema": {"name": "r", "schema": draw(objects())}}
+    return Case(request, tools, thinking)
+
+
+# -- walks ------------------------------------------------------------------------------
+
+
+def walk(m: llguidance.LLMatcher, rng: random.Random, eos: int, ending: frozenset[int]) -> list[int]:
+    """A completion the matcher admits, token by token."""
+    ids: list[int] = []
+    for step in range(MAX_STEPS):
+        bias = m.compute_logit_bias()
+        allowed = [i for i, b in enumerate(bias) if b]
+        assert allowed, f"nothing allowed after {ids}: {m.get_error()}"
+        if step >= BUDGET or rng.random() < 0.2:
+            closing = [i for i in allowed if i in ending]
+            allowed = closing or allowed
+        t = rng.choice(allowed)
+        if t == eos and m.is_accepting():
+            return [*ids, t]
+        assert m.consume_token(t), f"the matcher refused the token it allowed, {t}, after {ids}: {m.get_error()}"
+        ids.append(t)
+        if m.is_stopped():
+            return ids
+    raise AssertionError(f"a walk did not end within {MAX_STEPS} steps: {ids[-60:]}")
+
+
+def stated(case: Case, error: str, text: str) -> bool:
+    """Whether a strict parse refused what the grammar's header states it
+    admits: a key the schema does not list given twice, or a number past
+    what Python's JSON reads inside a JSON value of a schema with
+    constraints of its own (llguidance's ``%json``): a json block, an
+    object or array argument."""
+    twice = re.search(r"argument '(.*)' given twice", error)
+    if twice:
+        listed = {k for s in case.schemas.values() for k in s.get("properties", {})}
+        return twice.group(1) not in listed
+    if "not standard" not in error:
+        return False
+    bodies = re.findall(r'type="(?:object|array)"<\|sep\|>(.*?)<\|close\|>argument', text, re.S)
+    bodies += re.findall(r"<\|open\|>json [^<]*<\|sep\|>(.*?)<\|close\|>json", text, re.S)
+    return any(overflows(b) for b in bodies)
+
+
+def overflows(body: str) -> bool:
+    """Whether JSON ``body`` holds a number Python's JSON does not read
+    back (an infinite float, an integer of more than 4300 digits)."""
+    big = False
+
+    def number(s: str) -> float:
+        nonlocal big
+        big = big or math.isinf(float(s))
+        return 0.0
+
+    def integer(s: str) -> int:
+        nonlocal big
+        big = big or len(s.lstrip("-")) > 4300
+        return 0
+
+    try:
+        json.loads(body, parse_float=number, parse_int=integer)
+    except ValueError:
+        return False
+    return big
+
+
+def unsound(case: Case, ids: list[int], v: xtml.Vocabulary) -> str | None:
+    """Why the completion is not one xtml reads strictly with arguments of
+    the tools' schemas; None when it is."""
+    try:
+        msg = K3.parse(ids, v, completion=True, thinking=case.thinking)
+    except xtml.ParseError as e:
+        return None if stated(case, str(e), v.decode(ids)) else f"strict parse: {e}"
+    for call in msg.get("tool_calls") or []:
+        fn = call["function"]
+        args = fn["arguments"]
+        if isinstance(args, str):
+            args = json.loads(args)
+        try:
+            jsonschema.validate(args, case.schemas[fn["name"]])
+        except jsonschema.ValidationError as e:
+            return f"arguments of {fn['name']!r}: {e.message}"
+    return None
+
+
+def run_walks(case: Case, seed: int, big: bool) -> int:
+    """Walks the case's grammar from ``seed``; how many walks ended."""
+    v = k3_vocab() if big else tiny_vocab()
+    grammar = K3.completion_grammar(case.request, v)
+    eos = K3.bind(v).marker_ids[K3.markers.end]
+    for k in range(WALKS):
+        m = llguidance.LLMatcher(lltok(big), grammar, log_level=0)
+        assert not m.is_error(), m.get_error()
+        ids = walk(m, random.Random(seed * WALKS + k), eos, enders(big))
+        why = unsound(case, ids, v)
+        assert why is None, f"{why}\ncompletion: {v.decode(ids)!r}\nrequest: {json.dumps(case.request)}"
+    return WALKS
+
+
+def sample(big: bool, examples: int) -> None:
+    walks = 0
+
+    @settings(max_examples=examples)
+    @given(cases(), st.integers(0, 2**32))
+    def run(case: Case, seed: int) -> None:
+        nonlocal walks
+        walks += run_walks(case, seed, big)
+
+    run()
+    assert walks >= WALKS * examples, f"only {walks} walks"
+
+
+def test_sampled_completions_parse_and_fit_the_schemas() -> None:
+    sample(False, settings().max_examples)
+
+
+@pytest.mark.load
+def test_sampled_completions_on_the_real_vocabulary() -> None:
+    sample(True, 50)

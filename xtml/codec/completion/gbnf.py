@@ -1,0 +1,180 @@
+"""The completion grammar as GBNF, llama.cpp's grammar syntax (root rule
+``root``), for a llama.cpp built without llguidance.
+
+GBNF references a token by id (``<[ID]>``) and negates one id at a time
+(``!<[ID]>``): there is no "any token but these", and llama.cpp matches every
+other grammar element against a token's text, a control token's spelling
+included. So text bodies, attribute values and JSON strings are written at
+the character level as text in which no marker is spelled (an automaton over
+the markers' spellings): the marker tokens can never be generated there, nor
+can text spell a marker with ordinary tokens. The markers the message's
+structure needs are token references by id.
+
+Arguments and JSON values are typed as the xgrammar export types them (the
+same JSON-schema rules, one rule per subset of tracked keys); what GBNF
+cannot express is listed in the grammar's header.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ...errors import OptionError
+from .plan import Plan, deep_schemas_refused
+from .xgrammar import _JSON_RULES, TRACKED, _Ebnf
+
+__all__ = ["TRACKED", "write"]
+
+
+def write(plan: Plan) -> str:
+    """The plan (made for ``gbnf``, with a tokenizer) as GBNF."""
+    if plan.format != "gbnf":
+        raise OptionError(f"this plan's markers are spelled for {plan.format}, not gbnf", option="format")
+    with deep_schemas_refused():
+        return _Gbnf(plan).write()
+
+
+# GBNF rule names are letters, digits and "-" (llama-grammar.cpp's
+# is_word_char); the shared writer names rules with "_". Literals, character
+# classes and token references are matched first so that nothing inside
+# them is renamed.
+_PIECE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|!?<\[\d+\]>|[A-Za-z0-9_]+|.', re.S)
+_TOKEN = re.compile(r"Token\((\d+)\)\Z")
+_ENTITIES = ('"&amp;"', '"&quot;"')
+_JSON_ESCAPES = ('"\\\\" ["\\\\/bfnrt]', '"\\\\u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]')
+
+
+def _names(body: str) -> str:
+    return "".join(m.group().replace("_", "-") if m.group()[0] not in '"[<!' else m.group()
+                   for m in _PIECE.finditer(body))
+
+
+def _class_char(ch: str) -> str:
+    """``ch`` inside a GBNF character class."""
+    if ch in "\\]-[^\"":
+        return "\\" + ch if ch != "^" else "\\x5e"
+    if ord(ch) < 0x20 or ord(ch) == 0x7F:
+        return f"\\x{ord(ch):02x}"
+    return ch
+
+
+class _Gbnf(_Ebnf):
+    comment = "#"
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        # The plan spells id references for xgrammar (``Token(ID)``); GBNF's
+        # spelling of the same id is ``<[ID]>``.
+        for attr in ("o", "c", "s", "e"):
+            m = _TOKEN.match(getattr(self, attr))
+            if m is None:
+                raise OptionError(f"the gbnf writer needs markers referenced by id, not {getattr(self, attr)!r}",
+                                  option="format")
+            setattr(self, attr, f"<[{m.group(1)}]>")
+        self.markers = sorted({m for m in plan.d.markers.all() if m})
+        self.safe_done: dict[tuple[str, tuple[str, ...], bool], str] = {}
+
+    def rule(self, name: str, body: str) -> None:
+        self.rules.append(f"{_names(name)} ::= {_names(body)}")
+
+    def lit(self, s: str) -> str:
+        if any(m in s for m in self.markers):
+            # llama.cpp matches a literal against a control token's text too.
+            self.notes.append("a fixed string (an enum value, a key, a tool name) that spells a marker may be "
+                              "generated as the marker's token")
+        return super().lit(s)
+
+    # -- text in which no marker is spelled -------------------------------------------
+
+    def safe(self, name: str, excluded: str = "", escapes: tuple[str, ...] = (), controls: bool = True) -> str:
+        """Rules for any text that spells no marker, of characters outside
+        ``excluded`` (and control characters unless ``controls``) and of
+        the ``escapes`` (GBNF expressions, which spell no marker's start);
+        returns the rule of the text, the empty one included. ``NAME-1`` is
+        the text that is not empty."""
+        key = (excluded, escapes, controls)
+        got = self.safe_done.get(key)
+        if got is not None:
+            return got
+        self.safe_done[key] = f"{name}-0"
+        # The automaton's states are the proper prefixes of markers (the
+        # longest one the text ends with); a character that completes a
+        # marker has no transition.
+        prefixes = sorted({m[:k] for m in self.markers for k in range(len(m))}, key=lambda p: (len(p), p))
+        index = {p: k for k, p in enumerate(prefixes)}
+        chars = sorted({ch for m in self.markers for ch in m} - set(excluded))
+
+        def step(p: str, ch: str) -> str | None:
+            t = p + ch
+            if any(t.endswith(m) for m in self.markers):
+                return None
+            return next(t[k:] for k in range(len(t) + 1) if t[k:] in index)
+
+        for p, k in index.items():
+            alts, own = [], []
+            for ch in chars:
+                nxt = step(p, ch)
+                if nxt != "":
+                    own.append(ch)
+                    if nxt is not None:
+                        alts.append(f"{self.lit(ch)} {name}-s{index[nxt]}")
+            cls = "".join(_class_char(c) for c in [*excluded, *own]) + ("" if controls else "\\x00-\\x1f")
+            alts.append(f"[^{cls}] {name}-s0")
+            alts += [f"{e} {name}-s0" for e in escapes]
+            self.rule(f"{name}-s{k}", '"" | ' + " | ".join(alts))
+            if k == 0:
+                self.rule(f"{name}-1", " | ".join(alts))
+        self.rule(f"{name}-0", f"{name}-s0")
+        return f"{name}-0"
+
+    def text_opt(self) -> str:
+        return self.safe("text")
+
+    def fragment_support(self) -> None:
+        self.rule("m_open", self.o)
+        self.rule("m_close", self.c)
+        self.rule("m_sep", self.s)
+        self.rule("body_text", self.text_opt())
+        self.rule("attr_value", self.safe("attr", '"&', _ENTITIES))
+        self.rule("attr_value1", "attr-1")
+
+    def fragment_body(self, body: list[str]) -> str:
+        # A plugin's literals are JSON strings: GBNF knows fewer escapes.
+        return " ".join(self.lit(json.loads(t)) if t.startswith('"') else t for t in body)
+
+    def argument(self, rule: str, key_expr: str, v: Any) -> None:
+        # The xgrammar writer spells a key the schema does not list as
+        # attribute characters, which here must not spell a marker either.
+        free = '([^"&] | "&amp;" | "&quot;")*'
+        if free in key_expr:
+            key_expr = key_expr.replace(free, self.safe("attr", '"&', _ENTITIES))
+        super().argument(rule, key_expr, v)
+
+    def json_base(self) -> None:
+        if "json" not in self.used:
+            self.used.add("json")
+            for k, v in _JSON_RULES.items():
+                if k == "json_char":
+                    continue
+                if k == "json_string":
+                    inner = self.safe("jstr", '"\\', _JSON_ESCAPES, controls=False)
+                    v = f'"\\"" {inner} "\\""'
+                self.rule(k, v)
+
+    def write(self) -> str:
+        start = self.channels()
+        extra = [
+            "# Load: llama.cpp's grammar sampler (the /completion field \"grammar\", or --grammar-file).",
+            "# GBNF cannot express, so this grammar admits more or less than the llguidance export:",
+            "#   text bodies, attribute values and JSON strings spell no marker (GBNF negates one token id",
+            "#   at a time, so markers are kept out by their spelling): text that spells one is refused;",
+            "#   special tokens of the vocabulary that are not the template's markers are admitted as text;",
+            "#   keys an argument schema does not list are not told apart from listed ones;",
+            f"#   more than {TRACKED} arguments of one tool are not all tracked "
+            "(each key once, required ones present);",
+            "#   string lengths, patterns and formats, number bounds and allOf/not/if in JSON values.",
+        ]
+        head = self.header("gbnf", extra)
+        return head + "\n".join([f"root ::= {_names(start)}", *self.rules]) + "\n"
