@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import xtml
-from tests.helpers.llamacpp import K3, Engine, gateway
+from tests.helpers.llamacpp import K3, Engine, gateway, started
 from tests.helpers.serve import CALC, REQUEST, SEARCH
 from tests.helpers.tokenizers import tiny_tokenizer_json
 from xtml.codec.completion import completion_plan
@@ -136,9 +136,7 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    e = Engine(tmp_path_factory.mktemp("llamacpp-gbnf"))
-    yield e
-    e.stop()
+    yield from started(tmp_path_factory, "llamacpp-gbnf")
 
 
 @pytest.fixture(scope="module")

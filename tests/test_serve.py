@@ -17,7 +17,6 @@ import json
 import logging
 import random
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +27,7 @@ import pytest
 
 import xtml
 from tests.helpers.engines import closed_port
-from tests.helpers.serve import K3, REQUEST, THINKING, Rig, answer_of, expected, got_stream, got_whole, vocab
+from tests.helpers.serve import K3, REQUEST, THINKING, Rig, answer_of, expected, got_stream, got_whole, vocab, wait_for
 from tests.helpers.tokenizers import deepseek_path
 from xtml.cli import serve as serve_cli
 from xtml.cli.main import main as xtml_main
@@ -806,13 +805,6 @@ def test_the_engines_own_errors(vllm: Rig, status: int) -> None:
 
 # -- clients that leave ----------------------------------------------------------------------
 
-def _wait(cond: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_a_client_that_disconnects_cancels_its_backend_stream(rig: Rig) -> None:
@@ -823,7 +815,7 @@ def test_a_client_that_disconnects_cancels_its_backend_stream(rig: Rig) -> None:
         lines = resp.iter_lines()
         got = [next(lines) for _ in range(6)]
     assert any(line.startswith("data: {") for line in got)
-    assert _wait(lambda: rig.engine.closed_early == 1), "the engine's stream was not closed"
+    assert wait_for(lambda: rig.engine.closed_early == 1), "the engine's stream was not closed"
     assert rig.engine.finished == 0
 
 
@@ -834,7 +826,7 @@ def test_a_client_that_disconnects_while_the_engine_thinks_cancels_it(vllm: Rig)
         vllm.engine.closed_early = 0
         with pytest.raises(httpx.TimeoutException):
             vllm.post({**REQUEST, "stream": stream}, timeout=0.5)
-        assert _wait(lambda: vllm.engine.closed_early == 1), "the engine's request was not cancelled"
+        assert wait_for(lambda: vllm.engine.closed_early == 1), "the engine's request was not cancelled"
 
 
 def test_many_concurrent_streams_each_get_their_own_answer(vllm: Rig) -> None:

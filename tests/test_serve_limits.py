@@ -26,23 +26,13 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.serve import K3, REQUEST, Rig, answer_of, expected, got_stream, got_whole
+from tests.helpers.serve import K3, REQUEST, Rig, answer_of, expected, got_stream, got_whole, wait_for
 from tests.helpers.tokenizers import k3_vocab as vocab
 from xtml.codec.stream import StreamEvent
 from xtml.serving.engines import VLLM, Generation
 from xtml.serving.engines.framing import MAX_LOGIT_BIAS, MAX_STOP, MAX_STOP_CHARS, MAX_STOP_IDS
 from xtml.serving.gateway import MAX_TOOLS, Gateway
 from xtml.serving.openai import ChunkStream, StopSequences
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
 
 # -- an engine that ignores max_tokens ------------------------------------------------------
 
@@ -70,7 +60,7 @@ def test_a_runaway_stream_ends_at_the_limit_and_the_engine_is_cancelled(rig: Rig
     got = got_stream(chunks)
     assert got == expected(RUNAWAY[:LIMIT]) and got["finish_reason"] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == LIMIT
-    assert _wait(lambda: rig.engine.closed_early == 1), "the engine's request was not cancelled"
+    assert wait_for(lambda: rig.engine.closed_early == 1), "the engine's request was not cancelled"
     assert rig.engine.finished == 0
 
 

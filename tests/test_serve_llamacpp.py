@@ -29,7 +29,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.llamacpp import CTX, K3, Engine, gateway
+from tests.helpers.llamacpp import CTX, K3, Engine, gateway, started
 from tests.helpers.serve import REQUEST, expected, got_stream, got_whole
 
 pytestmark = pytest.mark.engines
@@ -37,14 +37,12 @@ pytestmark = pytest.mark.engines
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    e = Engine(tmp_path_factory.mktemp("llamacpp"))
-    yield e
-    e.stop()
+    yield from started(tmp_path_factory, "llamacpp")
 
 
 @pytest.fixture(scope="module")
 def client(engine: Engine) -> Iterator[openai.OpenAI]:
-    yield from _gateway(engine)
+    yield from gateway(engine)
 
 
 # "你" is three bytes, E4 BD A0: llama.cpp's stream sends no id for the
@@ -61,11 +59,7 @@ def bigram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def bigram_client(bigram: Engine) -> Iterator[openai.OpenAI]:
-    yield from _gateway(bigram)
-
-
-def _gateway(engine: Engine) -> Iterator[openai.OpenAI]:
-    yield from gateway(engine)
+    yield from gateway(bigram)
 
 
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 7}

@@ -91,3 +91,10 @@ def gateway(engine: Engine, **options: Any) -> Iterator[openai.OpenAI]:
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=60)
         yield c
         c.close()
+
+
+def started(tmp_path_factory: Any, name: str) -> Iterator[Engine]:
+    """A module's llama-server (a fixture body: ``yield from``)."""
+    e = Engine(tmp_path_factory.mktemp(name))
+    yield e
+    e.stop()

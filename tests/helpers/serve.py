@@ -5,6 +5,8 @@ and a stream's joined deltas make it, side by side."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -123,3 +125,14 @@ class Rig:
         # Python's JSON writes and reads.
         return httpx.post(self.url + "/v1/chat/completions", content=json.dumps(body).encode(),
                           headers={"content-type": "application/json"}, timeout=timeout)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether ``cond`` comes true within ``timeout`` seconds (what an
+    engine records arrives after the answer the client got)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
