@@ -619,18 +619,32 @@ def test_the_engine_gets_the_completion_grammar(rig: Rig, constraint: dict[str, 
         m = llguidance.LLMatcher(_ll_tokenizer(), llguidance.grammar_from(fmt, sent), log_level=0)
         assert not m.is_error(), m.get_error()
         if constraint.get("tool_choice") == "required":
-            assert m.consume_tokens(ANSWERS["calls"]) and m.is_accepting(), m.get_error()
+            answer = ANSWERS["calls"]
+            # The end marker as the engine's end-of-sequence token: after the
+            # close, the grammar may end, so the mask lets the engine end.
+            assert m.consume_tokens(answer[:-1]) and m.is_accepting(), m.get_error()
+            assert m.validate_tokens(answer[-1:]) == 1
+            # An end-of-sequence token of the engine's own (the vocabulary's
+            # own end of sentence): the end marker is a grammar token, then
+            # the engine's token ends the answer.
+            own = llguidance.LLMatcher(_ll_tokenizer(own_eos=True), llguidance.grammar_from(fmt, sent), log_level=0)
+            assert own.consume_tokens(answer) and own.is_accepting(), own.get_error()
+            assert [i for i, v in enumerate(own.compute_logit_bias()) if v] == [OWN_EOS]
 
 
-_LL: list[Any] = []
+_LL: dict[bool, Any] = {}
+# The deepseek vocabulary's own end of sentence, which no K3 grammar names.
+OWN_EOS = 1
 
 
-def _ll_tokenizer() -> Any:
-    """llguidance's tokenizer of the test vocabulary, its end the end marker."""
-    if not _LL:
-        end = K3.bind(vocab()).marker_ids[K3.markers.end]
-        _LL.append(llguidance.LLTokenizer(vocab().tokenizer.to_str(), eos_token=end))
-    return _LL[0]
+def _ll_tokenizer(own_eos: bool = False) -> Any:
+    """llguidance's tokenizer of the test vocabulary, its end the end marker
+    (as llama.cpp hands llguidance a K3 model's end-of-turn token) or, with
+    ``own_eos``, a token of its own."""
+    if own_eos not in _LL:
+        end = OWN_EOS if own_eos else K3.bind(vocab()).marker_ids[K3.markers.end]
+        _LL[own_eos] = llguidance.LLTokenizer(vocab().tokenizer.to_str(), eos_token=end)
+    return _LL[own_eos]
 
 
 def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
