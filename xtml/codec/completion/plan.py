@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...chat.dialect import Dialect
 from ...chat.fields import tool_function
@@ -277,27 +277,60 @@ def _marker_refs(d: Dialect, binding: Binding | None, fmt: str, how: str) -> dic
     return out
 
 
-def _special_texts(d: Dialect, binding: Binding | None) -> list[str]:
-    """Spellings of the markers, and of the vocabulary's special tokens."""
+class _Specials(NamedTuple):
+    pattern: re.Pattern[str] | None
+    """Any spelling of a marker or of a special token of the vocabulary."""
+    plain: bool
+    """Whether no spelling holds a character JSON writes escaped (so a
+    schema's JSON text holds each spelling as it is)."""
+
+
+def _special_texts(d: Dialect, binding: Binding | None) -> _Specials:
+    """The spellings of the markers and of the vocabulary's special tokens
+    (made once per binding: a large vocabulary has a thousand of them, and a
+    gateway asks for a grammar per request)."""
+    if binding is not None:
+        hit = _SPECIALS.get(binding)
+        if hit is not None:
+            return hit
     out = set(d.markers.all())
     if binding is not None:
         decoder = getattr(binding.vocab.tokenizer, "get_added_tokens_decoder", None)
         if decoder is not None:
             special = binding.vocab.special_ids()
             out |= {t.content for i, t in decoder().items() if i in special and t.content}
-    return sorted(out)
+    found = _Specials(re.compile("|".join(re.escape(x) for x in sorted(out))) if out else None,
+                      not any(_ESCAPED.search(x) for x in out))
+    if binding is not None:
+        _SPECIALS[binding] = found
+    return found
 
 
-def _refuse_special_spellings(plan: Plan, request: Any, specials: list[str]) -> None:
+_SPECIALS: weakref.WeakKeyDictionary[Binding, _Specials] = weakref.WeakKeyDictionary()
+# Characters JSON writes escaped.
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')
+
+
+def _refuse_special_spellings(plan: Plan, request: Any, specials: _Specials) -> None:
     """A fixed string of the grammar (a tool name, an argument or property
     name, an enum or const string) that spells a special token: llguidance
     forces its bytes, its tokenizer makes them the special token, and the
     matcher then refuses the very token it forced (an error state
     mid-completion). Such a request is refused here, where its place can be
     named."""
-    if not specials:
+    pattern = specials.pattern
+    if pattern is None:
         return
-    pattern = re.compile("|".join(re.escape(x) for x in specials))
+    # Most schemas hold no such string: one search of their JSON text (in C)
+    # rules that out before the walk that names a place, unless a spelling
+    # holds a character JSON escapes.
+    if specials.plain:
+        try:
+            text = json.dumps([[t.name, t.params] for t in plan.tools] + [plan.response_schema], ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            text = None
+        if text is not None and not pattern.search(text):
+            return
     places: dict[str, str] = {}
     if isinstance(request, Mapping):
         for i, t in enumerate(request.get("tools") or []):
