@@ -5,7 +5,7 @@ reads everything the assistant may generate after the generation prompt
 (:mod:`.plan`), with each tool's arguments typed by its JSON schema
 (:mod:`.schema`). The plan is syntax-free but for its marker references; one
 writer module per format spells it as a grammar (:mod:`.llguidance`,
-:mod:`.xgrammar`, sharing :mod:`.writer`), and ``Template.completion_grammar``
+:mod:`.xgrammar`, :mod:`.gbnf`, sharing :mod:`.writer`), and ``Template.completion_grammar``
 loads only the one asked for.
 """
 
