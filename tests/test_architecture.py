@@ -238,3 +238,18 @@ def test_the_floor_checks_can_fail() -> None:
     assert ("xtml.vocab.binding", ["_private"]) in found
     assert _layer("xtml.template")[0] not in CORE
     assert _package("xtml.vocab.binding") != _package("xtml.codec.probe")
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/helpers or conftest.py: a test module
+    imported by another would run its tests' module-level work twice and tie
+    two subjects together."""
+    tests = ROOT.parent / "tests"
+    wrong = []
+    for f in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            wrong += [f"{f.relative_to(tests)} imports {n}" for n in names
+                      if n.startswith("tests.test_") or n.startswith("tests.conftest")]
+    assert not wrong, "\n".join(sorted(wrong))

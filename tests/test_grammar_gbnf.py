@@ -116,15 +116,15 @@ def test_gbnf_needs_the_tokenizer_and_its_own_plan(vocab: xtml.Vocabulary) -> No
 
 
 def test_export_grammar_gbnf(tmp_path: Path, vocab: xtml.Vocabulary) -> None:
-    from tests.test_grammar_export import run_cli
+    from tests.helpers.cli import run
 
     path = tmp_path / "req.json"
     path.write_text(json.dumps({**REQUEST, "tool_choice": "required"}))
-    code, _, err = run_cli(["export", "grammar", str(path), "--format", "gbnf"])
+    code, _, err = run(["export", "grammar", str(path), "--format", "gbnf"])
     assert code == 2 and "needs --tokenizer" in err
     tok = tmp_path / "tok.json"
     vocab.tokenizer.save(str(tok))
-    code, out, err = run_cli(["export", "grammar", str(path), "--format", "gbnf", "--tokenizer", str(tok)])
+    code, out, err = run(["export", "grammar", str(path), "--format", "gbnf", "--tokenizer", str(tok)])
     assert code == 0, err
     assert out == _grammar(vocab, tool_choice="required")
 

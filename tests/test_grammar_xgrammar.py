@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.grammar import K3, Piece, find, ids_of, piece, pieces, refused_at, vocab
 from tests.helpers.need import need
-from tests.test_grammar_export import K3, Piece, find, ids_of, piece, pieces, refused_at, vocab
 
 pytestmark = pytest.mark.engines
 
