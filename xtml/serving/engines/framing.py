@@ -63,6 +63,66 @@ finished (its closing events), so that the connection can be used again;
 the client has its answer by then."""
 
 
+class EventSplitter:
+    """Server-sent events out of a body read in pieces: each read gives the
+    data of the events it completes.
+
+    An event that comes in many reads is kept as its pieces and joined once,
+    when the blank line that ends it has come: joining on every read copied
+    it again each time (quadratic in its size)."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._cr = b""  # a read's last \r, whose \n may be the next read's first byte
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self._cr:
+            chunk, self._cr = self._cr + chunk, b""
+        if b"\r" in chunk:
+            if chunk.endswith(b"\r"):
+                chunk, self._cr = chunk[:-1], b"\r"
+            chunk = chunk.replace(b"\r\n", b"\n")
+            if not chunk:
+                return []
+        pending = self._pending
+        if pending and b"\n\n" not in chunk and not (chunk[:1] == b"\n" and pending[-1][-1:] == b"\n"):
+            pending.append(chunk)
+            self._size += len(chunk)
+            if self._size > _MAX_EVENT:
+                raise garbage(f"an event of more than {_MAX_EVENT:,} bytes", "stream")
+            return []
+        buf = b"".join((*pending, chunk)) if pending else chunk
+        self._pending = []
+        events: list[bytes] = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            data = _event_data(buf[start:end])
+            start = end + 2
+            if data is not None:
+                events.append(data)
+        buf = buf[start:]
+        if buf:
+            self._pending, self._size = [buf], len(buf)
+            if self._size > _MAX_EVENT:
+                raise garbage(f"an event of more than {_MAX_EVENT:,} bytes", "stream")
+        return events
+
+    def end(self) -> list[bytes]:
+        """The end of the body: a last event without the blank line after it."""
+        buf = b"".join((*self._pending, self._cr))
+        self._pending, self._cr = [], b""
+        if not buf.strip():
+            return []
+        data = _event_data(buf)
+        if data is None:
+            raise garbage(f"not server-sent events: {buf[:200]!r}", "stream")
+        return [data]
+
+
 class BackendError(XtmlError):
     """The backend failed: ``status`` is what the gateway answers (502, 504,
     or 400 when the engine refused the request), ``code`` a short name for
@@ -369,71 +429,23 @@ class Backend:
         try:
             if resp.status != 200:
                 raise status_error(resp.status, await _read_capped(resp), self.url)
-            # An event that comes in many reads is kept as its pieces and
-            # joined once, when the blank line that ends it has come: joining
-            # on every read copied it again each time (quadratic in its size).
-            pending: list[bytes] = []
-            size = 0
-            cr = b""  # a read's last \r, whose \n may be the next read's first byte
-            buf = b""
+            events = EventSplitter()
             while True:
                 try:
                     chunk = await resp.read()
                 except TransportError as e:
                     raise transport_error(e, self.url) from None
-                if not chunk:
-                    break
-                if cr:
-                    chunk, cr = cr + chunk, b""
-                if b"\r" in chunk:
-                    if chunk.endswith(b"\r"):
-                        chunk, cr = chunk[:-1], b"\r"
-                    chunk = chunk.replace(b"\r\n", b"\n")
-                    if not chunk:
-                        continue
-                if pending and b"\n\n" not in chunk and not (chunk[:1] == b"\n" and pending[-1][-1:] == b"\n"):
-                    pending.append(chunk)
-                    size += len(chunk)
-                    if size > _MAX_EVENT:
-                        raise garbage(f"an event of more than {_MAX_EVENT:,} bytes", "stream")
-                    continue
-                buf = b"".join((*pending, chunk)) if pending else chunk
-                pending = []
-                events: list[bytes] = []
-                start = 0
-                while True:
-                    end = buf.find(b"\n\n", start)
-                    if end < 0:
-                        break
-                    data = _event_data(buf[start:end])
-                    start = end + 2
-                    if data is not None:
-                        events.append(data)
-                buf = buf[start:]
-                if buf:
-                    pending, size = [buf], len(buf)
-                    if size > _MAX_EVENT:
-                        raise garbage(f"an event of more than {_MAX_EVENT:,} bytes", "stream")
-                if events:
-                    ids, finish, ended, failure = _read_events(reader, events)
+                found = events.feed(chunk) if chunk else events.end()
+                if found:
+                    ids, finish, ended, failure = _read_events(reader, found)
                     if ids or finish is not None:
                         yield ids, finish
                     if failure is not None:
                         raise failure
                     if ended:
                         return
-            buf = b"".join((*pending, cr))
-            if buf.strip():  # a last event without the blank line after it
-                data = _event_data(buf)
-                if data is None:
-                    raise garbage(f"not server-sent events: {buf[:200]!r}", "stream")
-                ids, finish, ended, failure = _read_events(reader, [data])
-                if ids or finish is not None:
-                    yield ids, finish
-                if failure is not None:
-                    raise failure
-                if ended:
-                    return
+                if not chunk:
+                    break
             # A stream ends with [DONE], or with the engine's last event.
             raise BackendError("the backend's stream ended before the engine said it finished",
                                code="backend_connection_lost")
