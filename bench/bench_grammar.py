@@ -70,8 +70,12 @@ def request(n: int) -> tuple[dict[str, Any], dict[str, Any]]:
     history = {"messages": [{"role": "system", "content": "Be brief."},
                             {"role": "user", "content": "Weather in Paris and Zürich this week?"}],
                "tools": tools(n), "thinking": True}
+    # The calls go to tools spread over the list, so the tool name is chosen
+    # among all of them, not only the first.
+    names = [t["function"]["name"] for t in tools(n)]
     message = {"role": "assistant", "reasoning_content": PARAGRAPH * 3, "content": PARAGRAPH,
-               "tool_calls": [{"type": "function", "function": {"name": "forecast", "arguments": a}} for a in ARGS]}
+               "tool_calls": [{"type": "function", "function": {"name": names[(k * 7) % n], "arguments": a}}
+                              for k, a in enumerate(ARGS)]}
     return history, message
 
 
@@ -106,6 +110,15 @@ def tools_region(k3: xtml.Template, vocab: xtml.Vocabulary, ids: list[int]) -> i
     b = k3.bind(vocab)
     head = [b.marker_ids[k3.markers.open], *vocab.encode_texts([k3.dialect.names["tools"]])[0]]
     return next(k for k in range(len(ids)) if ids[k : k + len(head)] == head)
+
+
+def slowest(vocab: xtml.Vocabulary, ids: list[int], times: list[float], k: int = 3) -> list[tuple[str, float]]:
+    """The ``k`` positions of ``ids`` whose mask took longest (median over
+    the passes ``times`` holds), each as the text up to its token."""
+    n = len(ids)
+    med = [statistics.median(times[j::n]) for j in range(n)]
+    top = sorted(range(n), key=lambda j: -med[j])[:k]
+    return [(repr(vocab.decode(ids[max(0, j - 3) : j + 1]) if j else "(first token)"), med[j] * 1e6) for j in top]
 
 
 def stats(xs: list[float]) -> tuple[float, float]:
@@ -145,6 +158,7 @@ def main() -> int:
           f"{b_med:>9.1f} us {b_p99:>6.1f} us {1.0:>8.2f}x {1.0:>5.2f}x")
     worst = 0.0
     p99_at: dict[int, float] = {}
+    slow: dict[int, list[tuple[str, float]]] = {}
     for n in counts:
         history, message = request(n)
         build = median_time(lambda h=history: k3.completion_grammar(h, vocab), rounds)
@@ -166,6 +180,12 @@ def main() -> int:
               f"{p99:>6.1f} us {med / b_med:>8.2f}x {p99 / b_p99:>5.2f}x")
         print(f"{'  its tools channel':<26} {'':>11} {'':>12} {len(ids) - at:>7} {c_med:>9.1f} us "
               f"{c_p99:>6.1f} us {c_med / b_med:>8.2f}x {c_p99 / b_p99:>5.2f}x")
+        slow[n] = slowest(vocab, ids, times)
+    # Where the time goes as tools are added: the positions whose mask costs
+    # the most (median over the passes), with the text up to that token.
+    print("\nslowest mask positions (median over passes), by tool count:")
+    for n, where in slow.items():
+        print(f"  {n:>4}: " + "; ".join(f"{t} {us:.0f} us" for t, us in where))
     print(f"\nworst mask median against the JSON-schema baseline: {worst:.2f}x (target: within 2x)")
     print("mask p99 against the baseline's p99, by tool count: "
           + ", ".join(f"{n}: {r:.2f}x" for n, r in p99_at.items()) + " (target at 50 tools: within 5x)")

@@ -887,3 +887,46 @@ def test_a_writer_refuses_a_plan_made_for_the_other_format() -> None:
 def test_docs_examples_run() -> None:
     """Every ```python block of docs/grammar.md runs as written."""
     run_examples("docs/grammar.md")
+
+
+def test_the_structural_tag_writes_markers_as_tokens_and_says_its_limits(tmp_path: Path) -> None:
+    """The xgrammar structural tag: every marker a ``token`` by id, text
+    tokens that are not special, and what it cannot express in its ``xtml``
+    member (xgrammar itself matches it in tests/test_grammar_xgrammar.py)."""
+    req = {"messages": [{"role": "user", "content": "hi"}], "thinking": True,
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+               "type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}}}]}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req))
+    code, out, err = run(["export", "grammar", str(path), "--format", "xgrammar-tag", "--tokenizer",
+                          deepseek_path(), "--add-markers"])
+    assert code == 0, err
+    tag = json.loads(out)
+    v = xtml.load_tokenizer(deepseek_path(), add_special_tokens=K3.markers.all())
+    assert out == K3.completion_grammar(req, v, format="xgrammar-tag") + "\n"
+    assert tag["type"] == "structural_tag"
+    assert tag["xtml"]["summary"].endswith("thinking on; tools 'f'; tool_choice auto")
+    assert any("string lengths" in x for x in tag["xtml"]["limits"])
+
+    def walk(f: Any) -> Any:
+        yield f
+        for x in f.get("elements", ()):
+            yield from walk(x)
+        if isinstance(f.get("content"), dict):
+            yield from walk(f["content"])
+
+    parts = list(walk(tag["format"]))
+    ids = K3.bind(v).marker_ids
+    tokens = {p["token"] for p in parts if p["type"] == "token"}
+    assert tokens == {ids[m] for m in (K3.markers.open, K3.markers.close, K3.markers.sep, K3.markers.end)}
+    texts = [p for p in parts if p["type"] == "any_tokens"]
+    assert texts and all(set(p["exclude_tokens"]) == v.special_ids() for p in texts)
+    assert not any(m in p.get("value", "") for p in parts for m in K3.markers.all())
+    (grammar,) = [p for p in parts if p["type"] == "grammar"]
+    assert "Token(" in grammar["grammar"] and grammar["syntax"] == "ebnf"
+    code, out, err = run(["export", "grammar", str(path), "--format", "xgrammar-tag"])
+    assert code == 2 and "needs --tokenizer" in err
+    from xtml.codec.completion import completion_plan, xgrammar_tag
+
+    with pytest.raises(xtml.OptionError, match="spelled for xgrammar, not xgrammar-tag"):
+        xgrammar_tag.write(completion_plan(K3.dialect, K3.bind(vocab()), req, format="xgrammar"))

@@ -157,6 +157,13 @@ CHECKS: dict[str, Callable[[], Check]] = {
     "response_format: marker in a JSON string": lambda: bad(
         request(response_format=json_format()), reply(json.dumps({"answer": "zzz", "score": 2})), marker_in("zzz")),
     "response_format: text": lambda: bad(request(response_format=json_format()), reply("plain")),
+    "response_format and tools: a call instead": lambda: good(
+        request(response_format=json_format()), reply("", call("log", {"msg": "m"}))),
+    "response_format and tools: JSON and a call": lambda: good(
+        request(response_format=json_format()),
+        reply(json.dumps({"answer": "a", "score": 1}), call("log", {"msg": "m"}))),
+    "one call at most: two": lambda: bad(
+        request(parallel_tool_calls=False), reply("", call("log", {"msg": "a"}), call("log", {"msg": "b"}))),
 }
 
 # Markers left spelled in xgrammar's vocabulary (as TokenizerInfo.from_huggingface
@@ -173,20 +180,27 @@ def checks() -> dict[str, Check]:
     return out
 
 
+FORMATS = ("xgrammar", "xgrammar-tag")
+"""The EBNF export and the structural tag, each matched by xgrammar."""
+
+
 @cache
-def outcomes() -> tuple[str, dict[str, dict[str, Any]]]:
+def outcomes() -> tuple[str, dict[tuple[str, str], dict[str, Any]]]:
     python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
     cs = checks()
-    grammars: dict[str, int] = {}
-    job_cases = []
-    for c in cs.values():
-        g = grammars.setdefault(c.grammar("xgrammar"), len(grammars))
-        job_cases.append({"grammar": g, "ids": c.ids, "tell_specials": c.tell_specials})
+    grammars: dict[tuple[str, str], int] = {}
+    job_cases, keys = [], []
+    for fmt in FORMATS:
+        for name, c in cs.items():
+            g = grammars.setdefault((fmt, c.grammar(fmt)), len(grammars))
+            job_cases.append({"grammar": g, "ids": c.ids, "tell_specials": c.tell_specials})
+            keys.append((fmt, name))
     tokenizer = Path(os.environ.get("TMPDIR", "/tmp")) / f"xtml-xgrammar-{os.getpid()}.json"
     tokenizer.write_text(vocab().tokenizer.to_str(), encoding="utf-8")
     end = K3.bind(vocab()).marker_ids[K3.markers.end]
     job = {"tokenizer": str(tokenizer), "special_ids": sorted(vocab().special_ids()), "stop_ids": [end],
-           "grammars": list(grammars), "cases": job_cases}
+           "grammars": [{"ebnf" if fmt == "xgrammar" else "structural_tag": text} for fmt, text in grammars],
+           "cases": job_cases}
     try:
         # -I: the script's folder (tests/helpers, with its tokenizers.py) must
         # not shadow the tokenizers package.
@@ -196,7 +210,7 @@ def outcomes() -> tuple[str, dict[str, dict[str, Any]]]:
         tokenizer.unlink()
     assert run.returncode == 0, run.stderr[-4000:]
     answer = json.loads(run.stdout)
-    return answer["xgrammar"], dict(zip(cs, answer["results"], strict=True))
+    return answer["xgrammar"], dict(zip(keys, answer["results"], strict=True))
 
 
 def test_the_driver_reports_its_xgrammar() -> None:
@@ -204,10 +218,11 @@ def test_the_driver_reports_its_xgrammar() -> None:
     assert version.startswith("0.2."), version
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", list(CHECKS))
-def test_xgrammar_matches_as_llguidance_does(name: str) -> None:
+def test_xgrammar_matches_as_llguidance_does(name: str, fmt: str) -> None:
     c = checks()[name]
-    got = outcomes()[1][name]
+    got = outcomes()[1][fmt, name]
     if c.good:
         assert got == {"taken": len(c.ids), "terminated": True, "refused": None}
         return
@@ -215,9 +230,11 @@ def test_xgrammar_matches_as_llguidance_does(name: str) -> None:
     assert (got["taken"], got["refused"]) == (want, c.ids[want]), vocab().decode(c.ids[max(0, want - 3):want + 1])
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", sorted(SPELLED))
-def test_markers_left_spelled_pass_as_json_text(name: str) -> None:
+def test_markers_left_spelled_pass_as_json_text(name: str, fmt: str) -> None:
     """Why the driver tells xgrammar the special ids: without that, the
     marker inside a JSON string is taken as the characters of its text."""
     c = checks()[f"{name}, markers spelled"]
-    assert outcomes()[1][f"{name}, markers spelled"] == {"taken": len(c.ids), "terminated": True, "refused": None}
+    assert outcomes()[1][fmt, f"{name}, markers spelled"] == {"taken": len(c.ids), "terminated": True,
+                                                               "refused": None}

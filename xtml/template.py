@@ -300,8 +300,10 @@ class Template:
                            format: str = "llguidance", **options: Any) -> str:
         """The grammar of what the assistant may generate for ``request``
         after the generation prompt, for constrained decoding: Lark text
-        ``llguidance.LLMatcher`` loads as it is, or xgrammar EBNF
-        (``format="xgrammar"``, which needs the tokenizer). ``options`` are
+        ``llguidance.LLMatcher`` loads as it is, xgrammar EBNF
+        (``format="xgrammar"``), an xgrammar structural tag as JSON text
+        (``"xgrammar-tag"``) or llama.cpp's GBNF (``"gbnf"``); all but the
+        first need the tokenizer (see :data:`xtml.codec.completion.FORMATS`). ``options`` are
         the request's options and those of
         :func:`xtml.codec.completion.completion_plan`."""
         from importlib import import_module
@@ -310,7 +312,7 @@ class Template:
         plan = completion_plan(self.dialect, binding, request, format=format, **options)
         # One writer module per format, loaded by name when a grammar is
         # asked for: `import xtml` loads none of them.
-        writer = import_module(f"xtml.codec.completion.{plan.format}")
+        writer = import_module(f"xtml.codec.completion.{plan.format.replace('-', '_')}")
         text: str = writer.write(plan)
         return text
 

@@ -7,7 +7,7 @@ Reads one JSON job on stdin and writes one JSON answer on stdout:
     job:    {"tokenizer": path of a tokenizer.json,
              "special_ids": ids xgrammar is to treat as special tokens,
              "stop_ids": the ids that end a completion,
-             "grammars": [EBNF, ...],
+             "grammars": [{"ebnf": text} or {"structural_tag": JSON text}, ...],
              "cases": [{"grammar": index, "ids": [...], "tell_specials": true}, ...]}
     answer: {"xgrammar": version,
              "results": [{"taken": n, "terminated": bool, "refused": id or null}, ...]}
@@ -64,7 +64,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             compilers[tell] = xgr.GrammarCompiler(infos[tell], max_threads=1)
         key = (tell, case["grammar"])
         if key not in compiled:
-            compiled[key] = compilers[tell].compile_grammar(job["grammars"][case["grammar"]])
+            g = job["grammars"][case["grammar"]]
+            compiled[key] = (compilers[tell].compile_grammar(g["ebnf"]) if "ebnf" in g
+                             else compilers[tell].compile_structural_tag(g["structural_tag"]))
         m = xgr.GrammarMatcher(compiled[key])
         taken, refused = 0, None
         for i in case["ids"]:

@@ -20,13 +20,17 @@ COMMANDS = ("export",)
 EPILOG = """examples:
   xtml export grammar request.json --tokenizer path/to/model > grammar.lark
   xtml export grammar request.json --format xgrammar --tokenizer tok.json -o grammar.ebnf
+  xtml export grammar request.json --format xgrammar-tag --tokenizer tok.json -o tag.json
   xtml export grammar request.json --format gbnf --tokenizer tok.json -o grammar.gbnf
   xtml export grammar request.json -t xtml-base --tokenizer tok.json --add-markers --thinking true
 
 The llguidance grammar is Lark text: llguidance.LLMatcher(LLTokenizer, text) loads it as it is
 (--json prints it as llguidance's {"grammars": [{"lark_grammar": ...}]} instead). The xgrammar
-grammar is EBNF for xgrammar.Grammar.from_ebnf, the gbnf grammar GBNF for llama.cpp's own grammar
-sampler (llama-server's "grammar" field, --grammar-file); their headers list what they cannot express.
+grammar is EBNF for xgrammar.Grammar.from_ebnf; xgrammar-tag is an xgrammar structural tag (JSON for
+xgrammar.Grammar.from_structural_tag, vLLM's structured_outputs "structural_tag", SGLang's
+response_format {"type": "structural_tag", ...}); the gbnf grammar is GBNF for llama.cpp's own grammar
+sampler (llama-server's "grammar" field, --grammar-file). Their headers (the structural tag's "xtml"
+member) list what they cannot express.
 """
 
 
@@ -46,12 +50,13 @@ def add_commands(sub: Any) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("file", metavar="REQUEST", help="a request (JSON), or - for stdin")
     g.add_argument("-f", "--format", choices=FORMATS, default="llguidance",
-                   help="llguidance (Lark text, default), xgrammar (EBNF) or gbnf (llama.cpp's GBNF)")
+                   help="llguidance (Lark text, default), xgrammar (EBNF), xgrammar-tag (an xgrammar structural "
+                        "tag, JSON) or gbnf (llama.cpp's GBNF)")
     g.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
                    help="built-in template name or template file (default: kimi-k3)")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="checks every marker is one special token, and gives the ids of markers referenced by id "
-                        "(needed for xgrammar, gbnf and for markers not spelled <...>): " + TOKENIZER_HELP)
+                        "(needed by every format but llguidance, and for markers not spelled <...>): " + TOKENIZER_HELP)
     g.add_argument("--add-markers", action="store_true",
                    help="add the template's markers to the tokenizer as special tokens first")
     g.add_argument("--thinking", type=_bool, metavar="BOOL", help="override the request's thinking option")
@@ -77,7 +82,7 @@ def _request(path: str) -> Any:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml export``; returns the exit status."""
-    if args.format in ("xgrammar", "gbnf") and not args.tokenizer:
+    if args.format != "llguidance" and not args.tokenizer:
         raise UsageError(f"--format {args.format} writes markers by token id: it needs --tokenizer PATH")
     if args.json and args.format != "llguidance":
         raise UsageError("--json is for --format llguidance")
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         _check_with_llguidance(text)
     if args.json:
         text = json.dumps({"grammars": [{"lark_grammar": text}]}, ensure_ascii=False) + "\n"
-    out.write(text)
+    out.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 

@@ -37,7 +37,7 @@ from .schema import Tool, typed_tool
 __all__ = ["FORMATS", "FRAGMENT_NAMES", "MAX_CALLS", "Plan", "completion_plan", "deep_schemas_refused",
            "fragment_rules"]
 
-FORMATS = ("llguidance", "xgrammar", "gbnf")
+FORMATS = ("llguidance", "xgrammar", "xgrammar-tag", "gbnf")
 """The grammar syntaxes a plan is made for:
 
 * ``llguidance``: Lark text in llguidance's dialect, which
@@ -46,6 +46,10 @@ FORMATS = ("llguidance", "xgrammar", "gbnf")
 * ``xgrammar``: EBNF for ``xgrammar.Grammar.from_ebnf`` (root rule ``root``),
   which cannot express everything: what it leaves out is listed in the
   grammar's header comment;
+* ``xgrammar-tag``: an xgrammar structural tag (JSON), xgrammar's own door
+  for chat formats, which vLLM and SGLang pass through: markers as tokens,
+  text as tokens that are not special, the calls as one EBNF grammar
+  inside it;
 * ``gbnf``: GBNF for llama.cpp's own grammar sampler (root rule ``root``),
   for a llama.cpp built without llguidance; its header lists what it
   cannot express."""
