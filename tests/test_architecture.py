@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "template": 5,
     "serving": 6,
     "training": 6,
+    "exports": 6,
     "testing": 6,
     "cli": 7,
     "__init__": 8,

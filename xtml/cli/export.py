@@ -10,6 +10,7 @@ import re
 from typing import Any, TextIO
 
 from ..codec.completion import FORMATS, MAX_CALLS
+from ..exports.jinja import jinja_template
 from ..template import load
 from ..vocab.load import load_tokenizer
 from .common import TOKENIZER_HELP, InputError, at_least, boolean, json_input, read_input
@@ -36,8 +37,9 @@ member) list what they cannot express.
 
 def add_commands(sub: Any) -> None:
     """Add ``export`` (with its ``grammar`` subcommand) to the ``xtml`` parser."""
-    e = sub.add_parser("export", help="export what a template knows to other tools (export grammar: the grammar "
-                                      "of a completion, for constrained decoding)",
+    e = sub.add_parser("export", help="export what a template knows to other tools: grammar (the grammar of a "
+                                      "completion, for constrained decoding: llguidance, xgrammar, xgrammar-tag, "
+                                      "gbnf), jinja (a Jinja chat template)",
                        description="Export what a template knows about a request to other tools.")
     what = e.add_subparsers(dest="what", required=True, metavar="WHAT")
     g = what.add_parser(
@@ -71,6 +73,20 @@ def add_commands(sub: Any) -> None:
     g.add_argument("--json", action="store_true",
                    help="llguidance: print the grammar as {\"grammars\": [{\"lark_grammar\": ...}]}")
     g.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    j = what.add_parser(
+        "jinja", help="the template as a Jinja chat template (transformers, vLLM, llama.cpp --jinja, the hub)",
+        description="Print the template as a Jinja chat template, written from its dialect file: it reads "
+                    "messages, tools, add_generation_prompt and the template's options as keyword arguments "
+                    "(thinking, thinking_effort, reasoning_effort, tool_choice, response_format, response_schema, "
+                    "image_prompts, continue_final_message), and renders what xtml renders or raises where xtml "
+                    "refuses the request or Jinja cannot do what xtml does (tool-call arguments given as a JSON "
+                    "string; media prompts xtml computes). docs/exports.md says what each engine hands the "
+                    "template and what a Jinja template cannot give.",
+        epilog="examples:\n  xtml export jinja > chat_template.jinja\n  xtml export jinja -t my-format.toml -o "
+               "chat_template.jinja", formatter_class=argparse.RawDescriptionHelpFormatter)
+    j.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                   help="built-in template name or template file (default: kimi-k3)")
+    j.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
 
 _bool = boolean
@@ -82,6 +98,9 @@ def _request(path: str) -> Any:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml export``; returns the exit status."""
+    if args.what == "jinja":
+        out.write(jinja_template(load(args.template).dialect))
+        return 0
     if args.format != "llguidance" and not args.tokenizer:
         raise UsageError(f"--format {args.format} writes markers by token id: it needs --tokenizer PATH")
     if args.json and args.format != "llguidance":
