@@ -55,6 +55,21 @@ def _q(s: str) -> str:
     return "'" + "".join(out) + "'"
 
 
+# What str.strip() strips: every character str.isspace() is true of.
+_SPACES = "".join(chr(i) for i in range(0x3001) if chr(i).isspace())
+
+
+def _blank_chain() -> str:
+    """Filters that remove every white-space character, each written as
+    itself in the literal (llama.cpp's engine reads no ``\\u`` escape),
+    the three that Jinja2 would normalise as line ends escaped."""
+    out = []
+    for ch in _SPACES:
+        lit = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}.get(ch, ch)
+        out.append(f"| replace('{lit}', '')")
+    return " ".join(out)
+
+
 def _list(xs: Iterable[str]) -> str:
     return "[" + ", ".join(_q(x) for x in xs) + "]"
 
@@ -145,6 +160,7 @@ class _Writer:
                         "tool_call_id", "tool", "tools", "id"]
         api_fields = ["refusal", "annotations", "audio", "function_call"]
         sub = {
+            "«BLANK_CHAIN»": _blank_chain(),
             "«THINK»": "true" if d.thinking_default else "false",
             "«EFFORT»": _q(d.default_effort),
             "«EFFORTS»": _list(d.efforts),

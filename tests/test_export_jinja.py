@@ -1,0 +1,322 @@
+"""The Jinja export, rendered by three engines' own template engines
+(transformers' jinja2, ``@huggingface/jinja``, llama.cpp's): xtml's text, or
+a raise.
+
+Each engine changes what it is given before the template sees it (None
+keys dropped, numbers rewritten, key order, arguments as strings; the list
+is in tests/helpers/jinja_engines.py and docs/exports.md). So the expected
+text is xtml's render of what the engine hands over, read back by a probe
+template that writes every variable as JSON with the engine's own
+``tojson``: the claim is that the exported template renders, in each
+engine, what xtml renders from the same input. What xtml refuses, the
+template refuses; where xtml renders and the template raises, the reason is
+one Jinja cannot get around (a JSON string to parse, a media prompt to
+compute) and is counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import xtml
+from tests.helpers.cli import run
+from tests.helpers.jinja_engines import ENGINES, Rendered, need_engine, render_all
+from xtml import testing as xt
+from xtml.chat.template_file import builtin_files
+from xtml.exports.jinja import jinja_template
+
+pytestmark = pytest.mark.engines
+
+DIALECTS = ("kimi-k3", "xtml-base")
+PER_DIALECT = 300
+OPTIONS = ("thinking", "enable_thinking", "thinking_effort", "reasoning_effort", "tool_choice", "response_format",
+           "response_schema", "image_prompts", "continue_final_message")
+UNDEFINED = "__xtml_undefined__"
+
+# Every variable the template reads, as the engine hands it over.
+PROBE = "{{- {" + ", ".join(
+    f"'{v}': ({v} if {v} is defined else '{UNDEFINED}')"
+    for v in ("messages", "tools", "add_generation_prompt", *OPTIONS)) + "} | tojson -}}"
+
+# llama-server refuses at start-up a template it cannot derive an output
+# parser from (the probe's JSON is none); the K3 markers in a comment route
+# it to llama.cpp's hand-written K3 parser (common/chat.cpp matches them in
+# the template's source), which takes any template.
+LLAMACPP_PROBE = "{#- <|open|> <|close|> <|end_of_msg|> -#}" + PROBE
+
+# Where xtml renders and a Jinja template cannot: what the template says then.
+CANNOT = ("which a Jinja template cannot", "a Jinja template cannot: render with xtml")
+
+
+def collect(tpl: xtml.Template, n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    @settings(max_examples=n, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(xt.requests(tpl))
+    def draw(r: dict[str, Any]) -> None:
+        out.append(r)
+
+    draw()
+    return out
+
+
+def engine_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A generated body as a caller hands it to an engine: the options flat
+    (the body's, then ``chat_template_kwargs``'), API keys left out,
+    ``add_generation_prompt`` as xtml resolves it, and tool-call arguments
+    that are JSON objects given as objects (as llama.cpp and vLLM parse
+    them, and as docs/exports.md tells transformers' callers to)."""
+    opts = {k: v for k, v in body.items() if k in OPTIONS or k == "tools"}
+    opts.update(body.get("chat_template_kwargs") or {})
+    agp = opts.pop("add_generation_prompt", body.get("add_generation_prompt", True))
+    msgs = json.loads(json.dumps(body["messages"]))
+    for m in msgs:
+        for c in m.get("tool_calls") or ():
+            fn = c.get("function", c)
+            a = fn.get("arguments")
+            if isinstance(a, str) and a.strip():
+                try:
+                    parsed = json.loads(a)
+                except ValueError:
+                    continue
+                if isinstance(parsed, dict):
+                    fn["arguments"] = parsed
+    return {"messages": msgs, "add_generation_prompt": agp, **opts}
+
+
+@cache
+def corpus(name: str) -> list[dict[str, Any]]:
+    return [engine_request(b) for b in collect(xtml.load(name), PER_DIALECT)]
+
+
+def in_range(engine: str, x: float) -> bool:
+    """Whether the engine prints float ``x`` as Python does (docs/exports.md):
+    JavaScript switches to an exponent below 1e-6 and from 1e21, Python
+    below 1e-4 and from 1e16; llama.cpp prints six significant digits, with
+    an exponent from 1e6."""
+    a = abs(x)
+    if a == 0 or engine == "transformers":
+        return True
+    if engine == "hfjs":
+        return 1e-4 <= a < 1e16
+    return 1e-4 <= a < 1e6 and float(f"{x:.6g}") == x
+
+
+def numbers_in_range(engine: str, v: Any) -> Any:
+    """``v`` with each number the engine cannot print as xtml does replaced
+    by one it can (integers: JavaScript keeps 53 bits, llama.cpp 64)."""
+    if isinstance(v, dict):
+        return {k: numbers_in_range(engine, x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [numbers_in_range(engine, x) for x in v]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return v
+    if isinstance(v, int):
+        bits = {"transformers": None, "hfjs": 53, "llamacpp": 63}[engine]
+        return v if bits is None or abs(v) < 2**bits else (1 if v > 0 else -1)
+    return v if in_range(engine, v) else (0.5 if v > 0 else -0.5)
+
+
+def llamacpp_shape(request: dict[str, Any]) -> dict[str, Any]:
+    """A request in the shapes llama-server's OpenAI reader takes
+    (tools/server/server-common.cpp, common/chat.cpp): text parts typed
+    "text" (no bare strings, no "input_text"), content present on every
+    message but an assistant's with calls, calls and tools in the chat form
+    ({"type": "function", "function": {...}}), no image or media parts (the
+    tiny model has no projector). The same request, as a client of
+    llama-server writes it; other engines take the generated shapes as they
+    are."""
+    def part(p: Any) -> Any:
+        if isinstance(p, str):
+            return {"type": "text", "text": p}
+        if isinstance(p, dict) and p.get("type") == "input_text":
+            return {**p, "type": "text"}
+        return p
+
+    msgs = []
+    for m in request["messages"]:
+        m = dict(m)
+        c = m.get("content")
+        if isinstance(c, list):
+            c = [part(p) for p in c if not (isinstance(p, dict) and p.get("type") not in ("text", "input_text"))]
+            m["content"] = c
+        if m.get("content") is None and not m.get("tool_calls"):
+            m["content"] = ""
+        if m.get("tool_calls"):
+            m["tool_calls"] = [c if "function" in c else {"type": "function", "function": {
+                k: v for k, v in c.items() if k in ("name", "arguments")}, **({"id": c["id"]} if "id" in c else {})}
+                for c in m["tool_calls"]]
+            m["tool_calls"] = [{**c, "type": "function"} for c in m["tool_calls"]]
+        if isinstance(m.get("tools"), list):
+            m["tools"] = [chat_tool(t) for t in m["tools"]]
+        msgs.append(m)
+    out = {**request, "messages": msgs}
+    if isinstance(out.get("tools"), list):
+        out["tools"] = [chat_tool(t) for t in out["tools"]]
+    out.pop("image_prompts", None)
+    return out
+
+
+def chat_tool(t: Any) -> Any:
+    if isinstance(t, dict) and "function" not in t:
+        return {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+    return t
+
+
+def handed(got: Rendered) -> dict[str, Any] | None:
+    """The request the engine handed the template (read by :data:`PROBE`),
+    or None when the engine refused it before any template ran."""
+    if got.text is None:
+        return None
+    seen = json.loads(got.text)
+    return {k: v for k, v in seen.items() if v != UNDEFINED}
+
+
+def xtml_render(tpl: xtml.Template, request: dict[str, Any]) -> tuple[str | None, str | None]:
+    try:
+        return tpl.render(request).text, None
+    except xtml.XtmlError as e:
+        return None, str(e)
+
+
+SPLIT = "@@xtml-probe@@"
+
+
+def probed(template: str) -> str:
+    """``template``, then (only when the request sets ``xtml_probe``) the
+    probe's JSON: one render gives the text and what the engine handed that
+    very template. llama.cpp hands a template what it has found the template
+    can take (parts or joined text, arguments as objects or strings), by
+    rendering test conversations, which do not set ``xtml_probe``."""
+    return (template + "{%- if xtml_probe is defined and xtml_probe -%}{{ '" + SPLIT + "' }}" + PROBE
+            + "{%- endif -%}")
+
+
+@cache
+def outcomes(engine: str, name: str) -> dict[str, Any]:
+    tpl = xtml.load(name)
+    requests = [numbers_in_range(engine, r) for r in corpus(name)]
+    if engine == "llamacpp":
+        requests = [llamacpp_shape(r) for r in requests]
+    got = render_all(engine, probed(jinja_template(tpl.dialect)), [{**r, "xtml_probe": True} for r in requests])
+    # Where the template raised, the probe alone says what was handed over.
+    alone = render_all(engine, LLAMACPP_PROBE if engine == "llamacpp" else PROBE, requests, chat_parsing=False)
+    counts: collections.Counter[str] = collections.Counter()
+    bad: list[str] = []
+    for out, probe in zip(got, alone, strict=True):
+        if out.text is not None:
+            text, _, seen_text = out.text.partition(SPLIT)
+            seen = handed(Rendered(seen_text, None))
+        else:
+            text, seen = None, handed(probe)
+        if seen is None:
+            counts["the engine refuses the request"] += 1
+            continue
+        want, why = xtml_render(tpl, seen)
+        if want is not None and text == want:
+            counts["equal"] += 1
+        elif want is None and text is None:
+            counts["both refuse"] += 1
+        elif want is not None and out.error is not None and any(c in out.error for c in CANNOT):
+            counts["the template cannot"] += 1
+        else:
+            bad.append(f"request handed over: {json.dumps(seen, ensure_ascii=False)[:2000]}\n"
+                       f"xtml: {want!r:.2000}{why or ''}\ntemplate: {text!r:.2000} {out.error or ''}")
+    return {"counts": counts, "bad": bad}
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_template_renders_what_xtml_renders(engine: str, name: str) -> None:
+    need_engine(engine)
+    got = outcomes(engine, name)
+    counts = got["counts"]
+    assert not got["bad"], f"{len(got['bad'])} differ ({dict(counts)}); the first:\n{got['bad'][0]}"
+    # Most generated requests render; the rest are refused by both, or need
+    # what Jinja cannot do, or the engine's own refusal.
+    assert counts["equal"] >= PER_DIALECT // 3, dict(counts)
+
+
+# The engines that pass raise_exception's message through unchanged
+# (llama.cpp wraps it in a parser-generation error).
+SAYS = ("transformers", "hfjs")
+
+REFUSED = [c for c in tomllib.loads((Path(__file__).parent / "data" / "cases" / "render-refused.toml").read_text(
+    encoding="utf-8"))["case"] if "messages" in c]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_what_xtml_refuses_the_template_refuses(engine: str) -> None:
+    """The refusal cases of tests/data/cases/render-refused.toml that reach
+    a template (messages and options; a body that is not one is the
+    engine's to refuse): each raises in the template too."""
+    need_engine(engine)
+    k3 = xtml.load("kimi-k3")
+    cases = REFUSED if engine == "transformers" else [c for c in REFUSED if json_text(c)]
+    requests = [{"messages": c["messages"], "add_generation_prompt": True, **c.get("options", {})} for c in cases]
+    probes = render_all(engine, LLAMACPP_PROBE if engine == "llamacpp" else PROBE, requests, chat_parsing=False)
+    got = render_all(engine, jinja_template(k3.dialect), requests)
+    checked = 0
+    for case, probe, out in zip(cases, probes, got, strict=True):
+        seen = handed(probe)
+        if seen is None:
+            continue
+        want, why = xtml_render(k3, seen)
+        if want is None:
+            checked += 1
+            assert out.text is None and out.error is not None, (case, seen)
+            if engine in SAYS:
+                # raise_exception's message comes through as it is: xtml's.
+                assert why is not None and out.error.endswith(why), (out.error, why)
+        else:
+            # The engine changed the request into one xtml renders.
+            assert out.text == want, (case, seen)
+    # llama-server refuses most of these itself, before any template runs.
+    assert checked >= (len(cases) // 2 if engine in SAYS else 5), checked
+
+
+def json_text(case: dict[str, Any]) -> bool:
+    """Whether a case can be sent as JSON (NaN cannot: only transformers,
+    called in Python, can be handed one)."""
+    try:
+        json.dumps(case, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
+def test_arguments_given_as_a_json_string_raise() -> None:
+    """Jinja cannot parse JSON: handed a JSON string, the template raises
+    rather than render what xtml would not (a json block for typed
+    arguments)."""
+    k3 = xtml.load("kimi-k3")
+    call = {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    req = {"messages": [{"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "", "tool_calls": [call]}], "add_generation_prompt": False}
+    (out,) = render_all("transformers", jinja_template(k3.dialect), [req])
+    assert out.text is None and "pass them as an object" in (out.error or "")
+    obj = json.loads(json.dumps(req))
+    obj["messages"][1]["tool_calls"][0]["function"]["arguments"] = {"a": 1}
+    (out,) = render_all("transformers", jinja_template(k3.dialect), [obj])
+    assert out.text == k3.render(req).text
+
+
+def test_the_export_refuses_a_plugin_with_no_jinja_form(tmp_path: Path) -> None:
+    """The example citation plugin renders elements Jinja has no form for:
+    the export refuses the template at the plugin, in one line."""
+    k3 = builtin_files()["kimi-k3"].read_text(encoding="utf-8")
+    path = tmp_path / "cite.toml"
+    path.write_text(k3.replace('name = "kimi-k3"', 'name = "k3-cite"') + '\n[plugins.citation]\nelement = "cite"\n',
+                    encoding="utf-8")
+    code, out, err = run(["export", "jinja", "-t", str(path)])
+    assert code == 1 and out == "" and "plugin 'citation' has no Jinja form" in err and "plugins.citation" in err, err
+    assert err.count("\n") == 1
