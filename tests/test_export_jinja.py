@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 
 import xtml
 from tests.helpers.cli import run
+from tests.helpers.docs import run_examples, shown_on_page
 from tests.helpers.jinja_engines import ENGINES, Rendered, need_engine, render_all
 from xtml import testing as xt
 from xtml.chat.template_file import builtin_files
@@ -320,3 +321,8 @@ def test_the_export_refuses_a_plugin_with_no_jinja_form(tmp_path: Path) -> None:
     code, out, err = run(["export", "jinja", "-t", str(path)])
     assert code == 1 and out == "" and "plugin 'citation' has no Jinja form" in err and "plugins.citation" in err, err
     assert err.count("\n") == 1
+
+
+def test_the_page_s_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    text, _ = run_examples("docs/exports.md", at_least=2)
+    shown_on_page(text, capsys.readouterr().out, at_least=2)
