@@ -10,6 +10,7 @@ True
 from .codec.conversation import Conversation
 from .codec.stream import StreamEvent, StreamParser, StreamState
 from .errors import (
+    ExportError,
     MarkupError,
     MessageError,
     OptionError,
@@ -30,6 +31,7 @@ __all__ = [
     "Ambiguity",
     "Conversation",
     "Encoded",
+    "ExportError",
     "MarkupError",
     "MessageError",
     "OptionError",

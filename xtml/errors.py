@@ -129,6 +129,10 @@ class TemplateError(XtmlError):
     """A template (dialect) file is invalid."""
 
 
+class ExportError(XtmlError):
+    """An export cannot be written where it was asked to go."""
+
+
 def shown(value: object, limit: int = 40) -> str:
     """``repr(value)`` for a message, bounded: a bad input can be an integer
     with more digits than ``repr`` converts (it raises) or a string of

@@ -87,6 +87,26 @@ def add_commands(sub: Any) -> None:
     j.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
                    help="built-in template name or template file (default: kimi-k3)")
     j.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    h = what.add_parser(
+        "hf", help="a Hugging Face tokenizer folder: tokenizer.json with the markers, the chat template and the "
+                   "response template (works with no xtml installed)",
+        description="Write DIR as a Hugging Face tokenizer folder: tokenizer.json (the tokenizer, the template's "
+                    "markers as special tokens), tokenizer_config.json (chat_template: the template as Jinja; "
+                    "response_template: transformers' spec to parse a completion) and XTML.md (what the folder "
+                    "cannot do that xtml does). AutoTokenizer.from_pretrained(DIR) loads it. A tiktoken "
+                    "vocabulary is converted and checked id for id, or refused. DIR must be new or empty "
+                    "(--force replaces only the files this writes). docs/exports.md has the details.",
+        epilog="examples:\n  xtml export hf k3-tokenizer --tokenizer path/to/model\n"
+               "  xtml export hf base-tokenizer -t xtml-base --tokenizer tokenizer.json --add-markers",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    h.add_argument("folder", metavar="DIR", help="the folder to write (new, or empty)")
+    h.add_argument("--tokenizer", metavar="PATH", required=True, help=TOKENIZER_HELP)
+    h.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                   help="built-in template name or template file (default: kimi-k3)")
+    h.add_argument("--add-markers", action="store_true",
+                   help="add the template's markers to the tokenizer as special tokens first")
+    h.add_argument("--force", action="store_true",
+                   help="write into a folder that is not empty, replacing only the files this export writes")
 
 
 _bool = boolean
@@ -100,6 +120,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml export``; returns the exit status."""
     if args.what == "jinja":
         out.write(jinja_template(load(args.template).dialect))
+        return 0
+    if args.what == "hf":
+        from ..exports.hf import FILES, export_hf
+
+        template = load(args.template)
+        loaded = load_tokenizer(args.tokenizer, add_special_tokens=template.markers.all() if args.add_markers else ())
+        folder = export_hf(template, loaded, args.folder, force=args.force)
+        out.write(f"wrote {', '.join(FILES)} to {folder}\n")
         return 0
     if args.format != "llguidance" and not args.tokenizer:
         raise UsageError(f"--format {args.format} writes markers by token id: it needs --tokenizer PATH")

@@ -246,6 +246,16 @@ class TiktokenVocabulary(Vocabulary):
         self._table = self._bytes = table
         self._encode_one = self._enc.encode_ordinary
 
+    @property
+    def ranks(self) -> Mapping[bytes, int]:
+        """The BPE ranks: token bytes → id."""
+        return self._ranks
+
+    def added_tokens(self) -> list[str]:
+        """The added tokens (reserved ones included), in id order from the
+        last rank on."""
+        return [self._full[i][0] for i in sorted(self._full)]
+
     def ids_of(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text encoded on its own as ordinary text (new lists)."""
         # tiktoken replaces a lone surrogate with U+FFFD without a word, and
