@@ -39,8 +39,13 @@ def add_commands(sub: Any) -> None:
     """Add ``export`` (with its ``grammar`` subcommand) to the ``xtml`` parser."""
     e = sub.add_parser("export", help="export what a template knows to other tools: grammar (the grammar of a "
                                       "completion, for constrained decoding: llguidance, xgrammar, xgrammar-tag, "
-                                      "gbnf), jinja (a Jinja chat template)",
-                       description="Export what a template knows about a request to other tools.")
+                                      "gbnf), jinja (a Jinja chat template), hf (a Hugging Face tokenizer folder)",
+                       description="Export what a template knows to other tools, in their own formats: "
+                                   "grammar (--format llguidance, xgrammar, xgrammar-tag or gbnf: the grammar of a "
+                                   "completion of one request, for constrained decoding), jinja (the template as a "
+                                   "Jinja chat template), hf (a Hugging Face tokenizer folder: tokenizer.json, the "
+                                   "chat template and a response template). docs/exports.md and docs/grammar.md "
+                                   "say who reads each.")
     what = e.add_subparsers(dest="what", required=True, metavar="WHAT")
     g = what.add_parser(
         "grammar", help="the grammar of everything the assistant may generate after the generation prompt",

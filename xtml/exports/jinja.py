@@ -138,13 +138,21 @@ class _Writer:
 
     def write(self) -> str:
         d, n = self.d, self.n
+        # The built-in image element is written here (it reads the
+        # image_prompts option and counts images across the request); every
+        # other plugin gives its own Jinja form.
+        forms: list[tuple[list[str], str]] = []
         for ext in d.content:
-            if ext.name not in ("image", "audio", "video"):
+            if ext.name == "image" and ext is d.plugins.get("image"):
+                continue
+            form = ext.jinja()
+            if form is None:
                 raise TemplateError(f"plugin {ext.name!r} has no Jinja form: the Jinja export cannot render its "
                                     "parts", location=f"plugins.{ext.name}")
+            forms.append(([t for t, owner in d.part_owner.items() if owner is ext], form))
         image = d.plugins.get("image")
         grid = getattr(image, "grid", None) if image is not None else None
-        media = {t: ext.name for t, ext in d.part_owner.items()}
+        images = [t for t, ext in d.part_owner.items() if ext.name == "image" and ext is image]
         embeds_begin = list(d.markers.embed_begin)
         embeds_end = list(d.markers.embed_end)
         prompt = {True: d.prompt_tag(True), False: d.prompt_tag(False)}
@@ -175,7 +183,12 @@ class _Writer:
             "«USER_KEYS»": _list(role_keys["user"]),
             "«MESSAGE_KEYS»": _list(message_keys),
             "«API_FIELDS»": _list(api_fields),
-            "«MEDIA»": _dict(media),
+            "«IMAGES»": _list(images),
+            "«PLUGIN_MACROS»": "".join(f"{{%- macro x_part_{k}(part, mi, where) -%}}{form}{{%- endmacro -%}}"
+                                       for k, (_, form) in enumerate(forms)),
+            "«PLUGIN_PARTS»": "".join(f"{{%- elif part.type is string and part.type in {_list(types)} -%}}"
+                                      f"{{{{ x_part_{k}(part, mi, where) }}}}" for k, (types, _) in enumerate(forms)),
+            "«MARKUP_MACROS»": self.markup_macros(),
             "«SUPPORTED»": _q(", ".join(["text", "input_text", *d.part_owner])),
             "«PLACEHOLDER»": _q(d.image_placeholder),
             "«HAS_IMAGES»": "true" if d.image_part_types else "false",
@@ -217,6 +230,16 @@ class _Writer:
             text = text.replace(k, v)
         header = _sections()["header"].replace("«NAME»", d.name)
         return header.replace("«DESCRIPTION»", d.description.replace("#}", "# }")) + text
+
+    def markup_macros(self) -> str:
+        """``x_element``, ``x_open`` and ``x_close``: markup for plugins'
+        Jinja forms, in this dialect's markers."""
+        o, c, sp = _q(self.o), _q(self.c), _q(self.s)
+        attrs = "{%- for a in attrs -%}{{ ' ' ~ a[0] ~ '=\"' }}{{ x_attr(a[1]) }}{{ '\"' }}{%- endfor -%}"
+        return (f"{{%- macro x_open(tag, attrs) -%}}{{{{ {o} ~ tag }}}}{attrs}{{{{ {sp} }}}}{{%- endmacro -%}}"
+                f"{{%- macro x_close(tag) -%}}{{{{ {c} ~ tag ~ {sp} }}}}{{%- endmacro -%}}"
+                "{%- macro x_element(tag, attrs, text) -%}{{ x_open(tag, attrs) }}{{ text }}{{ x_close(tag) }}"
+                "{%- endmacro -%}")
 
     def prompt(self, tag: str) -> str:
         n = self.n

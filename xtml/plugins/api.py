@@ -197,3 +197,21 @@ class ContentExtension:
         ``value`` and ``nonempty_value``, an attribute value as the markup
         escapes it. Other lowercase names are the fragment's own rules."""
         return None
+
+    def jinja(self) -> str | None:
+        """How ``xtml export jinja`` renders a part of this extension's
+        ``part_types`` in a Jinja chat template: Jinja statements and
+        expressions, run with the part in ``part`` (as the engine hands it
+        over), the message's index in ``mi`` and the part's path in
+        ``where`` (``content[2]``); None (the default): the plugin has no
+        Jinja form, and the export refuses a template that enables it.
+
+        It writes markup only through ``x_element(tag, attrs, text)``,
+        ``x_open(tag, attrs)`` and ``x_close(tag)`` (``attrs`` a list of
+        ``[name, value]`` pairs, values escaped for you; the markers are the
+        template's), and refuses a part it cannot render with
+        ``raise_exception(message)``, as :meth:`prepare` would, so that the
+        template renders what :meth:`render` renders or raises. Every engine
+        must read it: transformers' jinja2, ``@huggingface/jinja`` and
+        llama.cpp's engine (no ``\\u`` escapes, no ``in`` on a None)."""
+        return None

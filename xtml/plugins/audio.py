@@ -84,6 +84,13 @@ class AudioExtension(ContentExtension):
             raise ValueError(f"audio of {duration:g} s rounds to no time at all")
         return s
 
+    def jinja(self) -> str | None:
+        # The prompt comes from the audio itself (its length),
+        # which a Jinja template cannot read: the exported template refuses the
+        # part rather than render another prompt.
+        return ("{{ raise_exception('audio parts need the prompt xtml computes from the media, which a Jinja "
+                "template cannot: render with xtml (at messages[' ~ mi ~ '].' ~ where ~ ')') }}")
+
     def render(self, value: str, out: MarkupSink, ctx: Context) -> None:
         out.embed(self.format.render(self.pads(value), seconds=value))
 

@@ -71,6 +71,13 @@ class VideoExtension(ContentExtension):
     def pads(self, frames: int, width: int, height: int) -> int:
         return frames * self.grid.tokens(width, height)
 
+    def jinja(self) -> str | None:
+        # The prompt comes from the video itself (its length, frames and size),
+        # which a Jinja template cannot read: the exported template refuses the
+        # part rather than render another prompt.
+        return ("{{ raise_exception('video parts need the prompt xtml computes from the media, which a Jinja "
+                "template cannot: render with xtml (at messages[' ~ mi ~ '].' ~ where ~ ')') }}")
+
     def render(self, value: tuple[int, int, int], out: MarkupSink, ctx: Context) -> None:
         f, w, h = value
         out.embed(self.format.render(self.pads(f, w, h), frames=str(f), width=str(w), height=str(h)))

@@ -54,6 +54,21 @@ class CitationExtension(ContentExtension):
         return (f'{names["start"]}: {names["open"]} {head} {names["nonempty_value"]} "\\"" {names["sep"]} '
                 f'{names["text"]} {names["close"]} "{self.element}" {names["sep"]}\n')
 
+    def jinja(self) -> str:
+        # What prepare refuses, the template refuses; then the element, as
+        # render writes it.
+        at = "' (at messages[' ~ mi ~ '].' ~ where ~ ')'"
+        return (
+            "{%- if part.source is not string or part.source == '' -%}"
+            "{{ raise_exception(\"a citation needs a non-empty 'source' string\" ~ " + at + ") }}"
+            "{%- endif -%}"
+            "{%- set text = part.text if 'text' in part else '' -%}"
+            "{%- if text is not string -%}"
+            "{{ raise_exception(\"a citation's 'text' must be a string\" ~ " + at + ") }}"
+            "{%- endif -%}"
+            f"{{{{ x_element('{self.element}', [['{self.attribute}', part.source]], text) }}}}"
+        )
+
     def strategy(self) -> st.SearchStrategy[dict[str, Any]]:
         return st.builds(lambda s, t: {"type": "citation", "source": s, "text": t},
                          st.text(min_size=1, max_size=30), st.text(max_size=40))
