@@ -5,6 +5,7 @@ whose response template parses a completion as xtml does."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -118,7 +119,7 @@ def whole_texts(msgs: list[dict[str, Any]]) -> bool:
         if isinstance(c, list):
             kinds = ["text" if isinstance(p, str) or (isinstance(p, dict) and p.get("type") in ("text", "input_text"))
                      else "other" for p in c]
-            if any(a == b == "text" for a, b in zip(kinds, kinds[1:])):
+            if any(a == b == "text" for a, b in itertools.pairwise(kinds)):
                 return False
     return True
 
