@@ -107,7 +107,7 @@ def test_the_folder_renders_and_tokenizes_as_xtml(name: str) -> None:
     assert texts >= 50 and checked_ids >= 15, (texts, checked_ids)
 
 
-PLAIN = re.compile(r"[A-Za-z0-9_]*")
+PLAIN = re.compile(r"[A-Za-z0-9_]+")
 
 
 def whole_texts(msgs: list[dict[str, Any]]) -> bool:
@@ -126,7 +126,7 @@ def whole_texts(msgs: list[dict[str, Any]]) -> bool:
 
 def plain_attributes(msgs: list[dict[str, Any]]) -> bool:
     """Whether every attribute value the messages give (names, tool names,
-    argument keys) is an identifier. xtml tokenizes an attribute value apart
+    argument keys) is a non-empty identifier. xtml tokenizes an attribute value apart
     from the `="` before it and the `"` after it; text tokenized whole can
     merge a value's odd first or last character with them
     (docs/exports.md has the figures)."""
