@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "serving": 6,
     "training": 6,
     "exports": 6,
+    "vllm": 6,
     "testing": 6,
     "cli": 7,
     "__init__": 8,

@@ -1,0 +1,110 @@
+"""Runs xtml's vLLM parsers inside vLLM itself.
+
+Run by the vLLM venv's python (tests/run makes it), with the project's root
+on ``PYTHONPATH`` and a folder holding xtml's distribution metadata (its
+``vllm.general_plugins`` entry point, as installed) on ``sys.path``, so that
+vLLM finds the plugin the way it finds an installed one. Reads one JSON job
+on stdin, writes one JSON answer on stdout:
+
+    job:    {"tokenizer": path of a tokenizer.json, "dist": folder of xtml's .dist-info,
+             "cases": [{"prompt": ids, "completion": ids, "thinking": bool,
+                        "groupings": [[size, ...], ...]}, ...]}
+    answer: {"vllm": version, "registered": {...}, "results": [{"whole": message, "streams": [message, ...],
+             "announced": [[index, ...], ...], "plain_whole": message, "plain_stream": message
+             (a request without tools), "ended_at_prompt": bool, "ended_at_completion": bool,
+             "keeps_special_tokens": bool}, ...]}
+
+A message is {"reasoning", "content", "tool_calls": [[name, arguments], ...]}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from importlib.metadata import version
+from typing import Any
+
+
+def main(job: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, job["dist"])
+    from transformers import PreTrainedTokenizerFast
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.parser import ParserManager
+    from vllm.plugins import load_general_plugins
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    # As each vLLM process does; twice, as several do in one.
+    load_general_plugins()
+    load_general_plugins()
+    registered = {"tool": "xtml" in ToolParserManager.list_registered(),
+                  "reasoning": "xtml" in ReasoningParserManager.list_registered()}
+    tok = PreTrainedTokenizerFast(tokenizer_file=job["tokenizer"])
+    parser_cls = ParserManager.get_parser(tool_parser_name="xtml", reasoning_parser_name="xtml",
+                                          enable_auto_tools=True, tokenizer=tok)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    results = []
+    for case in job["cases"]:
+        kwargs = {"thinking": case["thinking"]}
+        request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], model="m", tools=tools,
+                                        chat_template_kwargs=kwargs)
+
+        def parser(req: Any, kw: dict[str, Any] = kwargs, prompt: list[int] = case["prompt"]) -> Any:
+            # As vLLM's server builds one per request (chat_completion/serving.py).
+            p = parser_cls(tok, req.tools, chat_template_kwargs=kw, model_config=None)
+            p.set_prompt_token_ids(prompt)
+            p.adjust_request(req)
+            return p
+
+        ids = case["completion"]
+        text = tok.decode(ids, skip_special_tokens=False)
+        whole = _whole(parser(request), text, ids, request)
+        # A request without tools: tool_choice is "none" (vLLM's default).
+        plain = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], model="m",
+                                      chat_template_kwargs=kwargs)
+        plain_whole = _whole(parser(plain), text, ids, plain)
+        streams, announced = [], []
+        for sizes, req in [*((g, request) for g in case["groupings"]), ([3], plain)]:
+            p = parser(req)
+            got: dict[str, Any] = {"reasoning": "", "content": "", "tool_calls": {}}
+            seen: list[int] = []
+            pos = 0
+            for size in itertools.cycle(sizes):
+                if pos >= len(ids):
+                    break
+                delta = ids[pos:pos + size]
+                pos += len(delta)
+                d = p.parse_delta(tok.decode(delta, skip_special_tokens=False), delta, req,
+                                  prompt_token_ids=case["prompt"], finished=pos >= len(ids))
+                if d is None:
+                    continue
+                got["reasoning"] += d.reasoning or ""
+                got["content"] += d.content or ""
+                for tc in d.tool_calls or ():
+                    entry = got["tool_calls"].setdefault(tc.index, ["", ""])
+                    if tc.function is not None:
+                        entry[0] += tc.function.name or ""
+                        entry[1] += tc.function.arguments or ""
+                    if tc.function is not None and tc.function.name:
+                        seen.append(tc.index)
+            got["tool_calls"] = [got["tool_calls"][k] for k in sorted(got["tool_calls"])]
+            streams.append(got)
+            announced.append(seen)
+        p = parser(request)
+        results.append({"whole": whole, "streams": streams[:-1], "announced": announced[:-1],
+                        "plain_whole": plain_whole, "plain_stream": streams[-1],
+                        "ended_at_prompt": p.is_reasoning_end(case["prompt"]),
+                        "ended_at_completion": p.is_reasoning_end([*case["prompt"], *ids]),
+                        "keeps_special_tokens": request.skip_special_tokens is False
+                        and request.spaces_between_special_tokens is False})
+    return {"vllm": version("vllm"), "registered": registered, "results": results}
+
+
+def _whole(p: Any, text: str, ids: list[int], request: Any) -> dict[str, Any]:
+    reasoning, content, calls = p.parse(text, request, enable_auto_tools=True, model_output_token_ids=ids)
+    return {"reasoning": reasoning, "content": content, "tool_calls": [[c.name, c.arguments] for c in calls or ()]}
+
+
+if __name__ == "__main__":
+    json.dump(main(json.load(sys.stdin)), sys.stdout)

@@ -1,0 +1,196 @@
+"""xtml's parsers inside vLLM (``--tool-call-parser xtml --reasoning-parser
+xtml``), run in vLLM itself: the venv tests/run makes (``XTML_VLLM_PYTHON``)
+runs tests/helpers/vllm_driver.py over completions rendered here, and each
+must come back as ``Template.parse(ids, completion=True, lenient=True)``
+gives it, whole and streamed however the ids are grouped."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import tempfile
+from functools import cache
+from importlib.metadata import distribution
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import xtml
+from tests.helpers.need import need
+from tests.helpers.tokenizers import deepseek_path
+from xtml import testing as xt
+from xtml.testing.strategies import assistant_messages
+
+pytestmark = pytest.mark.engines
+
+ROOT = Path(__file__).parent.parent
+DRIVER = Path(__file__).parent / "helpers" / "vllm_driver.py"
+CASES = 80
+# Ids per delta: one at a time, a few, as speculative decoding and
+# stream_interval deliver them, and random sizes from 1 to 16.
+GROUPINGS = [[1], [2], [3], [16], [random.Random(k).randint(1, 16) for k in range(50)]]
+
+
+def k3_vocab() -> xtml.Vocabulary:
+    return xtml.load_tokenizer(deepseek_path(), add_special_tokens=xtml.load("kimi-k3").markers.all())
+
+
+def collect(n: int) -> list[tuple[list[int], dict[str, Any], bool]]:
+    k3 = xtml.load("kimi-k3")
+    vocab = k3_vocab()
+    out: list[tuple[list[int], dict[str, Any], bool]] = []
+
+    @settings(max_examples=n, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(xt.requests(k3, images=False), assistant_messages(k3, images=False, name=False))
+    def draw(request: dict[str, Any], answer: dict[str, Any]) -> None:
+        body = {**request, "messages": [*request["messages"], answer]}
+        try:
+            case = xt.completion_case(k3, body, vocab)
+        except xtml.XtmlError:
+            return
+        if case is not None:
+            out.append(case)
+
+    draw()
+    return out
+
+
+def dist_folder(where: Path) -> Path:
+    """xtml's installed metadata, as vLLM's entry-point lookup reads it."""
+    dist = distribution("xtml")
+    info = where / "xtml-0.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xtml\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text(dist.read_text("entry_points.txt") or "")
+    return where
+
+
+@cache
+def outcomes() -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
+    python = need("vLLM python", "tests/run sets it up", env="XTML_VLLM_PYTHON")
+    k3 = xtml.load("kimi-k3")
+    vocab = k3_vocab()
+    cases = collect(CASES)
+    with tempfile.TemporaryDirectory(prefix="xtml-vllm-") as tmp:
+        tokenizer = Path(tmp) / "tokenizer.json"
+        tokenizer.write_text(vocab.tokenizer.to_str(), encoding="utf-8")
+        job = {"tokenizer": str(tokenizer), "dist": str(dist_folder(Path(tmp) / "dist")),
+               "cases": [{"prompt": k3.encode({"messages": [], "thinking": thinking}, vocab),
+                          "completion": ids, "thinking": thinking, "groupings": GROUPINGS}
+                         for ids, _, thinking in cases]}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml", "XTML_TEMPLATE": "kimi-k3"}
+        # -P: the script's folder (tests/helpers, with its tokenizers.py)
+        # must not shadow the tokenizers package; PYTHONPATH still counts.
+        run = subprocess.run([python, "-P", str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
+                             timeout=600, env=env, cwd=tmp)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout), cases
+
+
+def expected(ids: list[int], thinking: bool) -> dict[str, Any]:
+    k3 = xtml.load("kimi-k3")
+    msg = k3.parse(ids, k3_vocab(), completion=True, lenient=True, thinking=thinking)
+    content = msg.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return {"reasoning": msg.get("reasoning_content") or "", "content": content or "",
+            "tool_calls": [[c["function"]["name"], as_json(c["function"]["arguments"])]
+                           for c in msg.get("tool_calls") or ()]}
+
+
+def as_json(arguments: str) -> Any:
+    """Arguments as parsed JSON; a json block's text that is not JSON stays
+    the text xtml returns."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def shaped(got: dict[str, Any]) -> dict[str, Any]:
+    return {"reasoning": got["reasoning"] or "", "content": got["content"] or "",
+            "tool_calls": [[name, as_json(args)] for name, args in got["tool_calls"]]}
+
+
+def test_the_plugin_registers_both_parsers() -> None:
+    answer, _ = outcomes()
+    assert answer["vllm"].startswith("0.33.")
+    assert answer["registered"] == {"tool": True, "reasoning": True}
+
+
+def test_whole_answers_parse_as_xtml_parses_them() -> None:
+    """vLLM 0.33 hands a legacy parser the decoded text only: read back to
+    ids, it is the generated ids unless the model spelled a marker with
+    ordinary tokens, which text cannot tell from the marker (docs/vllm.md).
+    Every answer parses as xtml parses the ids its text reads back to, and
+    as xtml parses the generated ids whenever its text spells no marker."""
+    answer, cases = outcomes()
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    assert len(cases) >= 40
+    spelled = 0
+    for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
+        read_back = k3.completion_ids(vocab.decode(ids), vocab)
+        assert shaped(got["whole"]) == expected(read_back, thinking)
+        if read_back == ids:
+            assert shaped(got["whole"]) == expected(ids, thinking)
+        else:
+            spelled += 1
+            assert any(m in vocab.decode(ids) for m in k3.markers.all())
+    assert spelled < len(cases)
+
+
+def test_streamed_answers_join_to_the_same_whatever_the_grouping() -> None:
+    answer, cases = outcomes()
+    for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
+        want = expected(ids, thinking)
+        for sizes, stream, announced in zip(GROUPINGS, got["streams"], got["announced"], strict=True):
+            assert shaped(stream) == want, sizes
+            # Each call announced once, in order.
+            assert announced == list(range(len(want["tool_calls"]))), sizes
+
+
+def test_without_tools_the_answer_comes_without_markup() -> None:
+    """A request without tools has tool_choice "none" in vLLM, where a
+    parser that is not engine-based gets no say: the answer and reasoning
+    still come as xtml reads them, whole and streamed, and no call."""
+    answer, cases = outcomes()
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
+        want = expected(ids, thinking)
+        want["tool_calls"] = []
+        assert shaped(got["plain_stream"]) == want
+        read_back = k3.completion_ids(vocab.decode(ids), vocab)
+        if read_back == ids:
+            assert shaped(got["plain_whole"]) == want
+
+
+def test_the_reasoning_ends_where_the_channel_closes() -> None:
+    """What the engine asks to start structured output after the reasoning:
+    a prompt that opened the reasoning has not ended it, one that did not
+    has; a finished answer has; and the request keeps special tokens, which
+    the parsers read."""
+    answer, cases = outcomes()
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    end = k3.bind(vocab).marker_ids[k3.markers.close]
+    for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
+        assert got["ended_at_prompt"] is (not thinking)
+        if thinking and end in ids:
+            assert got["ended_at_completion"] is True
+        assert got["keeps_special_tokens"] is True
+
+
+def test_a_bad_template_stops_vllm_at_start_up(tmp_path: Path) -> None:
+    python = need("vLLM python", "tests/run sets it up", env="XTML_VLLM_PYTHON")
+    dist = dist_folder(tmp_path / "dist")
+    code = (f"import sys; sys.path.insert(0, {str(dist)!r})\n"
+            "from vllm.plugins import load_general_plugins\nload_general_plugins()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml", "XTML_TEMPLATE": "no-such-template"}
+    run = subprocess.run([python, "-P", "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert run.returncode != 0
+    assert "XTML_TEMPLATE='no-such-template'" in run.stderr.splitlines()[-1], run.stderr[-2000:]

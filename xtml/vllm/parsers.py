@@ -1,0 +1,329 @@
+"""The ``xtml`` tool-call and reasoning parsers for vLLM, on token ids.
+
+vLLM composes a reasoning parser and a tool parser into one ``Parser``
+(``vllm.parser.ParserManager.get_parser``): the reasoning parser reads up to
+the end of the reasoning, then the tool parser reads the rest. Both are
+registered through vLLM's public parser managers (:mod:`.plugin`), so they
+combine as vLLM combines any pair, with no private hook:
+
+* streamed, vLLM hands each parser the generated ids (``delta_token_ids``,
+  ``current_token_ids``): they are fed to xtml's streaming parser
+  (:meth:`xtml.Template.stream`), so however the ids are grouped (one id a
+  delta, or sixteen under speculative decoding) the deltas join to the same
+  message; a tool call is sent whole, with its index, when its element
+  closes, so a call cut off by ``max_tokens`` is never sent;
+* whole, vLLM 0.33 hands legacy parsers the decoded text only (its
+  ``DelegatingParser.parse`` drops ``model_output_token_ids``): the text is
+  encoded back to ids (:meth:`xtml.Template.completion_ids`), which gives
+  the generated ids whenever the text was decoded with the special tokens
+  kept (``adjust_request`` asks for that) and the model spelled no marker
+  with ordinary tokens. A model's text that spells a marker is the one case
+  text cannot tell apart: read from text, it is the marker
+  (docs/vllm.md).
+
+The reasoning ends where the reasoning channel closes: its close marker, the
+channel's name, the separator, as ids (``is_reasoning_end`` and
+``is_reasoning_end_streaming`` look at those few ids only, so the engine's
+per-step check is constant work).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.entrypoints.generate.base.protocol import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
+)
+from vllm.reasoning import ReasoningParser
+from vllm.tool_parsers.abstract_tool_parser import ToolParser
+
+from ..chat.request import resolve_options
+from ..codec.stream import StreamParser
+from ..errors import TokenizerError, XtmlError
+from ..template import Template
+from ..vocab.vocabulary import Vocabulary
+from .plugin import template
+
+__all__ = ["XtmlReasoningParser", "XtmlToolParser"]
+
+
+class _Setup:
+    """What both parsers need of one tokenizer: made once per tokenizer
+    (vLLM builds the parsers anew for every request)."""
+
+    def __init__(self, tpl: Template, tokenizer: Any) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise TokenizerError(f"the xtml parsers read a Hugging Face fast tokenizer; this one is a "
+                                 f"{type(tokenizer).__name__}")
+        self.tpl = tpl
+        self.vocab = Vocabulary(backend)
+        d = tpl.dialect
+        binding = tpl.bind(self.vocab)
+        ids = binding.marker_ids
+        m, n = d.markers, d.names
+        self.open, self.close, self.sep = ids[m.open], ids[m.close], ids[m.sep]
+        think = d.channel_tag("reasoning") or n["think"]
+        response = d.channel_tag("content") or n["response"]
+        name_ids = self.vocab.ids_of([think, response])
+        # The ids that close the reasoning, and those that open the answer.
+        self.think_end = [self.close, *name_ids[0], self.sep]
+        self.think_open = [self.open, *name_ids[0], self.sep]
+        self.response_open = [self.open, *name_ids[1], self.sep]
+        self.reasoning_tag, self.content_tag = think, response
+
+    def stream(self, thinking: bool) -> StreamParser:
+        return self.tpl.stream(self.vocab, thinking=thinking)
+
+
+_SETUPS: weakref.WeakKeyDictionary[Any, _Setup] = weakref.WeakKeyDictionary()
+
+
+def _setup(tokenizer: Any) -> _Setup:
+    try:
+        hit = _SETUPS.get(tokenizer)
+    except TypeError:  # not weakly referable: made each time
+        return _Setup(template(), tokenizer)
+    if hit is None:
+        hit = _SETUPS[tokenizer] = _Setup(template(), tokenizer)
+    return hit
+
+
+def _find_last(ids: Sequence[int], seq: list[int], start: int = 0) -> int:
+    """Where the last ``seq`` in ``ids[start:]`` starts, or -1."""
+    n = len(seq)
+    for k in range(len(ids) - n, start - 1, -1):
+        if ids[k] == seq[0] and list(ids[k:k + n]) == seq:
+            return k
+    return -1
+
+
+def _thinking(tpl: Template, options: dict[str, Any]) -> bool:
+    """Whether the prompt opened the reasoning channel, as the template
+    reads the request's options."""
+    try:
+        return resolve_options(tpl.dialect, {k: v for k, v in options.items() if v is not None}).thinking
+    except XtmlError:
+        return tpl.dialect.thinking_default
+
+
+def _request_options(request: Any) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    effort = getattr(request, "reasoning_effort", None)
+    if effort is not None:
+        opts["reasoning_effort"] = effort
+    opts.update(getattr(request, "chat_template_kwargs", None) or {})
+    return {k: opts[k] for k in ("thinking", "enable_thinking", "reasoning_effort") if k in opts}
+
+
+def _keep_special_tokens(request: Any) -> Any:
+    # Both parsers read markers: decoded text must keep them, unspaced.
+    if hasattr(request, "skip_special_tokens"):
+        request.skip_special_tokens = False
+    if hasattr(request, "spaces_between_special_tokens"):
+        request.spaces_between_special_tokens = False
+    return request
+
+
+class XtmlReasoningParser(ReasoningParser):
+    """The reasoning: what the model writes in the template's reasoning
+    channel, up to its close."""
+
+    # Engine-based: vLLM hands the new ids of each step and asks whether the
+    # reasoning ended (has_engine_confirmed_reasoning_end), instead of
+    # re-reading everything generated so far.
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(tokenizer, *args, **kwargs)
+        self.x = _setup(tokenizer)
+        self.thinking = _thinking(self.x.tpl, dict(kwargs.get("chat_template_kwargs") or {}))
+        self.content_ids: list[int] | None = None
+        self.sent = ""
+        self.ids: list[int] = []
+        self.scanned = 0
+        self.ended = False
+
+    @property
+    def reasoning_end_str(self) -> str | None:
+        return self.x.vocab.decode(self.x.think_end)
+
+    def set_prompt_token_ids(self, prompt_token_ids: Sequence[int]) -> None:
+        self.thinking = not self.is_reasoning_end(prompt_token_ids)
+
+    def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+        # Ended when no reasoning channel was opened after the last close of
+        # one (a prompt's history holds closed ones; its generation prompt
+        # opens the current one, or does not).
+        opened = _find_last(input_ids, self.x.think_open)
+        return opened < 0 or _find_last(input_ids, self.x.think_end, opened) >= 0
+
+    def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Sequence[int]) -> bool:
+        n = len(self.x.think_end)
+        window = input_ids[max(0, len(input_ids) - len(delta_ids) - n + 1):]
+        return _find_last(window, self.x.think_end) >= 0
+
+    def extract_content_ids(self, input_ids: list[int]) -> list[int]:
+        at = _find_last(input_ids, self.x.think_end)
+        if at >= 0:
+            return input_ids[at + len(self.x.think_end):]
+        # vLLM hands the last delta only when the reasoning ends in it; the
+        # ids after the close were kept when the streaming saw it.
+        return list(self.content_ids) if self.content_ids is not None else input_ids
+
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        at = _find_last(token_ids, self.x.think_end)
+        return at if at >= 0 else len(token_ids)
+
+    def adjust_request(self, request: Any) -> Any:
+        return _keep_special_tokens(super().adjust_request(request))
+
+    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        if not self.thinking:
+            return None, model_output
+        ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
+        at = _find_last(ids, self.x.think_end)
+        if at < 0:
+            return model_output, None  # cut off while reasoning
+        msg = self.x.tpl.parse(ids, self.x.vocab, completion=True, lenient=True, thinking=True)
+        # The markup after the reasoning goes to the tool parser, which reads
+        # the answer and the calls from it.
+        return msg.get("reasoning_content") or "", self.x.vocab.decode(ids[at + len(self.x.think_end):])
+
+    def extract_reasoning_streaming(self, previous_text: str, current_text: str, delta_text: str,
+                                    previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
+                                    delta_token_ids: Sequence[int]) -> DeltaMessage | None:
+        # vLLM hands an engine-based parser the new ids only: the ids so far
+        # are kept here.
+        self.ids += delta_token_ids
+        ids, end = self.ids, self.x.think_end
+        at = _find_last(ids, end, max(0, self.scanned - len(end) + 1))
+        self.scanned = len(ids)
+        if at >= 0:
+            self.ended = True
+            self.content_ids = ids[at + len(end):]
+            body = ids[:at]
+        else:
+            # Hold back a tail that may be the start of the close.
+            body = ids
+            for k in range(min(len(end) - 1, len(ids)), 0, -1):
+                if ids[-k:] == end[:k]:
+                    body = ids[:-k]
+                    break
+        return self._reasoning(body, final=at >= 0)
+
+    def _reasoning(self, body: list[int], final: bool) -> DeltaMessage | None:
+        text = self.x.vocab.decode(body)
+        if not final:
+            # A character cut between ids waits for its last byte.
+            text = text.rstrip("\ufffd")
+        if not text.startswith(self.sent):
+            return None
+        new, self.sent = text[len(self.sent):], text
+        return DeltaMessage(reasoning=new) if new else None
+
+    def has_engine_confirmed_reasoning_end(self) -> bool:
+        return self.ended
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """At the end of a stream cut off while reasoning: what was held."""
+        return None if self.ended else self._reasoning(self.ids, final=True)
+
+
+class XtmlToolParser(ToolParser):
+    """The answer and the tool calls: what follows the reasoning (or the
+    whole completion when the prompt opened no reasoning)."""
+
+    supports_required_and_named = False
+    # Engine-based: the answer and calls are read here for every tool_choice
+    # (none included) and at the end of a stream (finish_streaming), so no
+    # markup reaches the client as content.
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, tools: Any = None) -> None:
+        super().__init__(tokenizer, tools)
+        self.x = _setup(tokenizer)
+        self.stream: StreamParser | None = None
+        self.sent_calls = 0
+
+    def adjust_request(self, request: Any) -> Any:
+        return _keep_special_tokens(super().adjust_request(request))
+
+    def _ids(self, model_output: str, request: Any) -> tuple[list[int], bool]:
+        """The completion's ids as xtml reads them, and its mode."""
+        ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
+        thinking = _thinking(self.x.tpl, _request_options(request))
+        if thinking and ids[:len(self.x.response_open)] == self.x.response_open:
+            ids = [*self.x.think_end, *ids]  # the reasoning was read already
+        return ids, thinking
+
+    def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
+        ids, thinking = self._ids(model_output, request)
+        msg = self.x.tpl.parse(ids, self.x.vocab, completion=True, lenient=True, thinking=thinking)
+        calls = [ToolCall(id=c.get("id") or None, type="function",
+                          function=FunctionCall(name=c["function"]["name"], arguments=c["function"]["arguments"]))
+                 for c in msg.get("tool_calls") or ()]
+        return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls,
+                                            content=_text(msg.get("content")) or None)
+
+    def extract_tool_calls_streaming(self, previous_text: str, current_text: str, delta_text: str,
+                                     previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
+                                     delta_token_ids: Sequence[int], request: Any) -> DeltaMessage | None:
+        if not delta_token_ids:
+            return None
+        if self.stream is None:
+            thinking = _thinking(self.x.tpl, _request_options(request))
+            self.stream = self.x.stream(thinking)
+            first = list(delta_token_ids[:1])
+            if thinking and first == [self.x.open]:
+                # The reasoning parser read up to here: the answer follows.
+                self.stream.feed_many(self.x.think_end)
+        return self._delta(self.stream.feed_many(delta_token_ids))
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """The end of the stream: what xtml's parser held."""
+        if self.stream is None:
+            return None
+        stream, self.stream = self.stream, None
+        return self._delta(stream.close())
+
+    def _delta(self, events: list[Any]) -> DeltaMessage | None:
+        reasoning: list[str] = []
+        content: list[str] = []
+        calls: list[DeltaToolCall] = []
+        for e in events:
+            if e.type == "text" and e.text:
+                if e.channel == self.x.content_tag:
+                    content.append(e.text)
+                elif e.channel == self.x.reasoning_tag:
+                    reasoning.append(e.text)
+            elif e.type == "tool_call_end" and e.call is not None:
+                fn = e.call["function"]
+                calls.append(DeltaToolCall(index=self.sent_calls, id=e.call.get("id") or None, type="function",
+                                           function=DeltaFunctionCall(name=fn["name"], arguments=fn["arguments"])))
+                self.sent_calls += 1
+        if not (reasoning or content or calls):
+            return None
+        fields: dict[str, Any] = {}
+        if reasoning:
+            fields["reasoning"] = "".join(reasoning)
+        if content:
+            fields["content"] = "".join(content)
+        if calls:
+            fields["tool_calls"] = calls
+        return DeltaMessage(**fields)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
