@@ -72,10 +72,14 @@ def dist_folder(where: Path) -> Path:
 
 @cache
 def outcomes() -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
+    return run_driver(collect(CASES))
+
+
+def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]]) -> tuple[
+        dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
     python = need("vLLM python", "tests/run sets it up", env="XTML_VLLM_PYTHON")
     k3 = xtml.load("kimi-k3")
     vocab = k3_vocab()
-    cases = collect(CASES)
     with tempfile.TemporaryDirectory(prefix="xtml-vllm-") as tmp:
         tokenizer = Path(tmp) / "tokenizer.json"
         tokenizer.write_text(vocab.tokenizer.to_str(), encoding="utf-8")
@@ -167,6 +171,27 @@ def test_without_tools_the_answer_comes_without_markup() -> None:
         read_back = k3.completion_ids(vocab.decode(ids), vocab)
         if read_back == ids:
             assert shaped(got["plain_whole"]) == want
+
+
+def test_a_call_the_answer_was_cut_off_in_is_withheld() -> None:
+    """An answer cut off by max_tokens inside its second call: the first
+    call comes back, whole and streamed; the second is withheld (the cut may
+    have fallen inside it), as xtml serve withholds it."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    calls = [{"type": "function", "function": {"name": "f", "arguments": {"a": "xyz", "b": 2}}},
+             {"type": "function", "function": {"name": "g", "arguments": {"c": "a long value, cut here"}}}]
+    body = {"messages": [{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": "On it.", "tool_calls": calls}], "thinking": False}
+    case = xt.completion_case(k3, body, vocab)
+    assert case is not None
+    ids, message, thinking = case
+    cut = ids[:len(ids) - 12]
+    answer, _ = run_driver([(cut, message, thinking)])
+    (got,) = answer["results"]
+    want = {"reasoning": "", "content": "On it.", "tool_calls": [["f", {"a": "xyz", "b": 2}]]}
+    assert shaped(got["whole"]) == want
+    for stream in got["streams"]:
+        assert shaped(stream) == want
 
 
 def test_the_reasoning_ends_where_the_channel_closes() -> None:

@@ -267,9 +267,14 @@ class XtmlToolParser(ToolParser):
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
         ids, thinking = self._ids(model_output, request)
         msg = self.x.tpl.parse(ids, self.x.vocab, completion=True, lenient=True, thinking=thinking)
-        calls = [ToolCall(id=c.get("id") or None, type="function",
-                          function=FunctionCall(name=c["function"]["name"], arguments=c["function"]["arguments"]))
-                 for c in msg.get("tool_calls") or ()]
+        # The calls as the stream sends them: a call the answer was cut off
+        # in is withheld, whole as streamed.
+        stream = self.x.stream(thinking)
+        events = [*stream.feed_many(ids), *_kept(stream.close())]
+        calls = [ToolCall(id=e.call.get("id") or None, type="function",
+                          function=FunctionCall(name=e.call["function"]["name"],
+                                                arguments=e.call["function"]["arguments"]))
+                 for e in events if e.type == "tool_call_end" and e.call is not None]
         return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls,
                                             content=_text(msg.get("content")) or None)
 
@@ -292,7 +297,7 @@ class XtmlToolParser(ToolParser):
         if self.stream is None:
             return None
         stream, self.stream = self.stream, None
-        return self._delta(stream.close())
+        return self._delta(_kept(stream.close()))
 
     def _delta(self, events: list[Any]) -> DeltaMessage | None:
         reasoning: list[str] = []
@@ -319,6 +324,15 @@ class XtmlToolParser(ToolParser):
         if calls:
             fields["tool_calls"] = calls
         return DeltaMessage(**fields)
+
+
+def _kept(events: list[Any]) -> list[Any]:
+    """The events of closing a stream, less the call that closing it ended
+    when the answer was cut off (``max_tokens``, a stop sequence): the cut
+    may have fallen inside it, so it is withheld and must not run, as
+    ``xtml serve`` withholds it."""
+    cut = any(e.type == "message_end" and e.stop_reason == "length" for e in events)
+    return [e for e in events if not (cut and e.type == "tool_call_end")]
 
 
 def _text(content: Any) -> str:
