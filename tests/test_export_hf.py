@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 import xtml
 from tests.helpers.cli import run
+from tests.helpers.handover import objects_for_arguments
 from tests.helpers.tokenizers import deepseek_path
 from xtml import testing as xt
 from xtml.exports.hf import FILES, export_hf
@@ -57,18 +58,7 @@ def engine_form(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, dict[s
                                                           "temperature")}
     opts.update(body.get("chat_template_kwargs") or {})
     tools = opts.pop("tools", body.get("tools"))
-    msgs = json.loads(json.dumps(body["messages"]))
-    for m in msgs:
-        for c in m.get("tool_calls") or ():
-            fn = c.get("function", c)
-            a = fn.get("arguments")
-            if isinstance(a, str) and a.strip():
-                try:
-                    parsed = json.loads(a)
-                except ValueError:
-                    continue
-                if isinstance(parsed, dict):
-                    fn["arguments"] = parsed
+    msgs = objects_for_arguments(body["messages"])
     # transformers drops a message's keys whose value is None before the
     # template: xtml is given the same.
     msgs = [{k: v for k, v in m.items() if v is not None} for m in msgs]

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 import xtml
 from tests.helpers.cli import run
 from tests.helpers.docs import run_examples, shown_on_page
+from tests.helpers.handover import objects_for_arguments
 from tests.helpers.jinja_engines import ENGINES, Rendered, need_engine, render_all
 from xtml import testing as xt
 from xtml.chat.template_file import builtin_files
@@ -81,18 +82,7 @@ def engine_request(body: dict[str, Any]) -> dict[str, Any]:
     opts = {k: v for k, v in body.items() if k in OPTIONS or k == "tools"}
     opts.update(body.get("chat_template_kwargs") or {})
     agp = opts.pop("add_generation_prompt", body.get("add_generation_prompt", True))
-    msgs = json.loads(json.dumps(body["messages"]))
-    for m in msgs:
-        for c in m.get("tool_calls") or ():
-            fn = c.get("function", c)
-            a = fn.get("arguments")
-            if isinstance(a, str) and a.strip():
-                try:
-                    parsed = json.loads(a)
-                except ValueError:
-                    continue
-                if isinstance(parsed, dict):
-                    fn["arguments"] = parsed
+    msgs = objects_for_arguments(body["messages"])
     return {"messages": msgs, "add_generation_prompt": agp, **opts}
 
 

@@ -33,26 +33,17 @@ from ..errors import TemplateError
 __all__ = ["jinja_template"]
 
 
+# The escapes every engine's string literals read (llama.cpp's reads no \\u).
+_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def _q(s: str) -> str:
     """``s`` as a Jinja string literal that every engine reads alike."""
-    out = []
-    for ch in s:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == "'":
-            out.append("\\'")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20:
-            raise TemplateError(f"a control character U+{ord(ch):04X} in the dialect's text has no Jinja spelling "
-                                "every engine reads")
-        else:
-            out.append(ch)
-    return "'" + "".join(out) + "'"
+    bad = next((ch for ch in s if ord(ch) < 0x20 and ch not in _ESCAPES), None)
+    if bad is not None:
+        raise TemplateError(f"a control character U+{ord(bad):04X} in the dialect's text has no Jinja spelling "
+                            "every engine reads")
+    return "'" + "".join(_ESCAPES.get(ch, ch) for ch in s) + "'"
 
 
 # What str.strip() strips: every character str.isspace() is true of.
