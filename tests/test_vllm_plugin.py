@@ -75,8 +75,8 @@ def outcomes() -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bo
     return run_driver(collect(CASES))
 
 
-def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]]) -> tuple[
-        dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
+def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_cases: list[dict[str, Any]] = ()
+               ) -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
     python = need("vLLM python", "tests/run sets it up", env="XTML_VLLM_PYTHON")
     k3 = xtml.load("kimi-k3")
     vocab = k3_vocab()
@@ -86,7 +86,8 @@ def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]]) -> tuple[
         job = {"tokenizer": str(tokenizer), "dist": str(dist_folder(Path(tmp) / "dist")),
                "cases": [{"prompt": k3.encode({"messages": [], "thinking": thinking}, vocab),
                           "completion": ids, "thinking": thinking, "groupings": GROUPINGS}
-                         for ids, _, thinking in cases]}
+                         for ids, _, thinking in cases],
+               "grammar_cases": list(grammar_cases)}
         env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml", "XTML_TEMPLATE": "kimi-k3"}
         # -P: the script's folder (tests/helpers, with its tokenizers.py)
         # must not shadow the tokenizers package; PYTHONPATH still counts.
@@ -219,3 +220,72 @@ def test_a_bad_template_stops_vllm_at_start_up(tmp_path: Path) -> None:
                          cwd=tmp_path)
     assert run.returncode != 0
     assert "XTML_TEMPLATE='no-such-template'" in run.stderr.splitlines()[-1], run.stderr[-2000:]
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"],
+    "additionalProperties": False}}}]
+
+
+def after_reasoning(ids: list[int], thinking: bool) -> list[int]:
+    """The ids vLLM's structured output constrains: those after the
+    reasoning channel's close (all of them with thinking off)."""
+    if not thinking:
+        return ids
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    marks = k3.bind(vocab).marker_ids
+    end = [marks[k3.markers.close], *vocab.ids_of(["think"])[0], marks[k3.markers.sep]]
+    k = next(i for i in range(len(ids)) if ids[i:i + len(end)] == end)
+    return ids[k + len(end):]
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_tool_choice_required_hands_vllm_the_grammar(thinking: bool) -> None:
+    """tool_choice required: the parser hands vLLM's structured outputs the
+    completion grammar as an xgrammar structural tag, starting after the
+    reasoning; vLLM's xgrammar takes an answer with a call to its end and
+    refuses one without; tool_choice auto hands nothing."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    history = {"messages": [{"role": "user", "content": "look it up"}], "tools": TOOLS, "thinking": thinking}
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"q": "rain", "n": 2}}}
+    answers = []
+    for message in ({"role": "assistant", "reasoning_content": "hm", "content": "Looking.", "tool_calls": [call]},
+                    {"role": "assistant", "reasoning_content": "hm", "content": "No call."}):
+        case = xt.completion_case(k3, {**history, "messages": [*history["messages"], message]}, vocab)
+        assert case is not None
+        answers.append(after_reasoning(case[0], thinking))
+    end = k3.bind(vocab).marker_ids[k3.markers.end]
+    kwargs = {"thinking": thinking}
+    grammar_cases = [{"request": {"tools": TOOLS, "tool_choice": choice, "chat_template_kwargs": kwargs},
+                      "stop": [end], "answers": answers} for choice in ("required", "auto")]
+    answer, _ = run_driver([], grammar_cases)
+    required, auto = answer["grammars"]
+    assert required["structural_tag"] and not auto["structural_tag"]
+    good, bad = required["results"]
+    assert good == {"taken": len(answers[0]), "terminated": True}
+    assert bad["taken"] < len(answers[1])
+
+
+def test_a_json_response_format_hands_vllm_the_grammar() -> None:
+    """response_format json_schema: the answer's grammar (a JSON answer of
+    the schema in the response channel) goes to vLLM's structured outputs;
+    an answer in prose is refused."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+              "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    history = {"messages": [{"role": "user", "content": "answer in JSON"}], "thinking": True}
+    answers = []
+    for content in (json.dumps({"answer": "yes"}), "yes"):
+        case = xt.completion_case(k3, {**history, "messages": [*history["messages"], {
+            "role": "assistant", "reasoning_content": "hm", "content": content}]}, vocab)
+        assert case is not None
+        answers.append(after_reasoning(case[0], True))
+    end = k3.bind(vocab).marker_ids[k3.markers.end]
+    answer, _ = run_driver([], [{"request": {"response_format": rf, "chat_template_kwargs": {"thinking": True}},
+                                 "stop": [end], "answers": answers}])
+    (got,) = answer["grammars"]
+    assert got["structural_tag"]
+    good, bad = got["results"]
+    assert good == {"taken": len(answers[0]), "terminated": True}
+    assert bad["taken"] < len(answers[1])

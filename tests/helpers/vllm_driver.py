@@ -9,7 +9,11 @@ on stdin, writes one JSON answer on stdout:
     job:    {"tokenizer": path of a tokenizer.json, "dist": folder of xtml's .dist-info,
              "cases": [{"prompt": ids, "completion": ids, "thinking": bool,
                         "groupings": [[size, ...], ...]}, ...]}
-    answer: {"vllm": version, "registered": {...}, "results": [{"whole": message, "streams": [message, ...],
+    job (optional): "grammar_cases": [{"request": ChatCompletionRequest fields, "stop": [id, ...],
+                                       "answers": [ids after the reasoning, ...]}, ...]
+    answer: {"vllm": version, "registered": {...}, "grammars": [{"structural_tag": bool,
+             "results": [{"taken": n, "terminated": bool}, ...]}, ...],
+             "results": [{"whole": message, "streams": [message, ...],
              "announced": [[index, ...], ...], "plain_whole": message, "plain_stream": message
              (a request without tools), "ended_at_prompt": bool, "ended_at_completion": bool,
              "keeps_special_tokens": bool}, ...]}
@@ -98,7 +102,36 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
                         "ended_at_completion": p.is_reasoning_end([*case["prompt"], *ids]),
                         "keeps_special_tokens": request.skip_special_tokens is False
                         and request.spaces_between_special_tokens is False})
-    return {"vllm": version("vllm"), "registered": registered, "results": results}
+    return {"vllm": version("vllm"), "registered": registered, "results": results,
+            "grammars": [_grammar(parser_cls, tok, g) for g in job.get("grammar_cases", ())]}
+
+
+def _grammar(parser_cls: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
+    """What the parser hands vLLM's structured outputs for a request, and
+    what xgrammar (vLLM's backend) makes of the answers after the reasoning."""
+    import xgrammar as xgr
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], model="m", **case["request"])
+    p = parser_cls(tok, request.tools, chat_template_kwargs=case["request"].get("chat_template_kwargs"),
+                   model_config=None)
+    p.adjust_request(request)
+    so = request.structured_outputs
+    tag = so.structural_tag if so is not None else None
+    if tag is None:
+        return {"structural_tag": False, "results": []}
+    info = xgr.TokenizerInfo.from_huggingface(tok, stop_token_ids=case["stop"])
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_structural_tag(tag)
+    results = []
+    for ids in case["answers"]:
+        m = xgr.GrammarMatcher(compiled)
+        taken = 0
+        for i in ids:
+            if m.is_terminated() or not m.accept_token(i):
+                break
+            taken += 1
+        results.append({"taken": taken, "terminated": m.is_terminated()})
+    return {"structural_tag": True, "results": results}
 
 
 def _whole(p: Any, text: str, ids: list[int], request: Any) -> dict[str, Any]:

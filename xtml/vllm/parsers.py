@@ -42,6 +42,7 @@ from vllm.entrypoints.generate.base.protocol import (
     ToolCall,
 )
 from vllm.reasoning import ReasoningParser
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
 from ..chat.request import resolve_options
@@ -114,13 +115,16 @@ def _thinking(tpl: Template, options: dict[str, Any]) -> bool:
         return tpl.dialect.thinking_default
 
 
+_THINKING = ("thinking", "enable_thinking", "reasoning_effort")
+
+
 def _request_options(request: Any) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     effort = getattr(request, "reasoning_effort", None)
     if effort is not None:
         opts["reasoning_effort"] = effort
     opts.update(getattr(request, "chat_template_kwargs", None) or {})
-    return {k: opts[k] for k in ("thinking", "enable_thinking", "reasoning_effort") if k in opts}
+    return {k: opts[k] for k in _THINKING if k in opts}
 
 
 def _keep_special_tokens(request: Any) -> Any:
@@ -144,7 +148,10 @@ class XtmlReasoningParser(ReasoningParser):
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tokenizer, *args, **kwargs)
         self.x = _setup(tokenizer)
-        self.thinking = _thinking(self.x.tpl, dict(kwargs.get("chat_template_kwargs") or {}))
+        # The server passes chat_template_kwargs; the engine's structured
+        # output passes their items themselves.
+        options = kwargs.get("chat_template_kwargs") or {k: v for k, v in kwargs.items() if k in _THINKING}
+        self.thinking = _thinking(self.x.tpl, dict(options))
         self.content_ids: list[int] | None = None
         self.sent = ""
         self.ids: list[int] = []
@@ -254,7 +261,15 @@ class XtmlToolParser(ToolParser):
         self.sent_calls = 0
 
     def adjust_request(self, request: Any) -> Any:
-        return _keep_special_tokens(super().adjust_request(request))
+        request = _keep_special_tokens(super().adjust_request(request))
+        if getattr(request, "structured_outputs", None) is None and _constrained(request):
+            # The answer's grammar, as an xgrammar structural tag (vLLM's
+            # default backend takes it): it starts where vLLM starts
+            # structured output, after the reasoning.
+            tag = self.x.tpl.completion_grammar(_xtml_request(request), self.x.vocab, format="xgrammar-tag",
+                                                after_reasoning=True)
+            request.structured_outputs = StructuredOutputsParams(structural_tag=tag)
+        return request
 
     def _ids(self, model_output: str, request: Any) -> tuple[list[int], bool]:
         """The completion's ids as xtml reads them, and its mode."""
@@ -324,6 +339,31 @@ class XtmlToolParser(ToolParser):
         if calls:
             fields["tool_calls"] = calls
         return DeltaMessage(**fields)
+
+
+def _constrained(request: Any) -> bool:
+    """Whether the request asks for what a prompt alone cannot hold: a call
+    (tool_choice required or named) or a JSON answer."""
+    choice = getattr(request, "tool_choice", None)
+    if choice == "required" or (choice is not None and not isinstance(choice, str)):
+        return bool(getattr(request, "tools", None))
+    rf = getattr(request, "response_format", None)
+    return getattr(rf, "type", None) in ("json_object", "json_schema")
+
+
+def _xtml_request(request: Any) -> dict[str, Any]:
+    """The parts of a vLLM chat request the completion grammar reads."""
+    body: dict[str, Any] = {"messages": []}
+    if request.tools:
+        body["tools"] = [t.model_dump(exclude_none=True) for t in request.tools]
+    choice = request.tool_choice
+    body["tool_choice"] = choice if isinstance(choice, str) or choice is None else choice.model_dump(exclude_none=True)
+    if request.response_format is not None:
+        body["response_format"] = request.response_format.model_dump(exclude_none=True, by_alias=True)
+    if getattr(request, "parallel_tool_calls", None) is not None:
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    body.update(_request_options(request))
+    return body
 
 
 def _kept(events: list[Any]) -> list[Any]:

@@ -64,7 +64,7 @@ _NAMED = re.compile(r"<(?!\[)[^<>\s\[\]]+>\Z")
 
 def completion_plan(d: Dialect, binding: Binding | None, request: Any, *,
                     format: str = "llguidance", max_calls: int = MAX_CALLS, json_fallback: bool = True,
-                    token_refs: str = "auto", **options: Any) -> Plan:
+                    token_refs: str = "auto", after_reasoning: bool = False, **options: Any) -> Plan:
     """The plan of what the assistant may generate for ``request`` after the
     generation prompt, for a grammar in ``format`` (see :data:`FORMATS`).
 
@@ -75,7 +75,11 @@ def completion_plan(d: Dialect, binding: Binding | None, request: Any, *,
     or for xgrammar, and those not spelled ``<...>`` otherwise. ``max_calls``
     bounds the calls of one message; ``json_fallback`` admits the dialect's
     json block in a call, holding the arguments as one JSON object of the
-    tool's schema. Bad requests raise :class:`~xtml.RequestError`; a marker
+    tool's schema. ``after_reasoning`` starts the grammar where the
+    reasoning channel the generation prompt opened has closed, for engines
+    that constrain only the answer (vLLM starts structured output after the
+    reasoning parser says the reasoning ended); with thinking off it
+    changes nothing. Bad requests raise :class:`~xtml.RequestError`; a marker
     that is not one special token raises :class:`~xtml.TokenizerError`.
     """
     if format not in FORMATS:
@@ -86,6 +90,12 @@ def completion_plan(d: Dialect, binding: Binding | None, request: Any, *,
         raise OptionError(f"max_calls must be a positive integer, not {max_calls!r}", option="max_calls")
     with deep_schemas_refused():
         plan = _plan(d, request, options, max_calls=max_calls, json_fallback=json_fallback)
+        if after_reasoning and plan.first and plan.first in plan.order and plan.thinking and \
+                plan.d.n(plan.first) == plan.d.channel_tag("reasoning"):
+            # The reasoning was written and closed: the grammar starts at the
+            # next channel, which the model opens itself.
+            plan.order = [k for k in plan.order if k != plan.first]
+            plan.first = ""
         plan.format = format
         if format == "llguidance":
             _refuse_special_spellings(plan, request, _special_texts(d, binding))
