@@ -930,3 +930,24 @@ def test_the_structural_tag_writes_markers_as_tokens_and_says_its_limits(tmp_pat
 
     with pytest.raises(xtml.OptionError, match="spelled for xgrammar, not xgrammar-tag"):
         xgrammar_tag.write(completion_plan(K3.dialect, K3.bind(vocab()), req, format="xgrammar"))
+
+
+def test_a_grammar_after_the_reasoning_starts_at_the_next_channel() -> None:
+    """``after_reasoning=True``: the grammar of what follows the reasoning's
+    close (what vLLM constrains), which takes the rest of a rendered answer
+    and refuses reasoning text; with thinking off it is the whole grammar."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}]
+    req = {"messages": [{"role": "user", "content": "q"}], "tools": tools, "tool_choice": "required",
+           "thinking": True}
+    call = {"type": "function", "function": {"name": "f", "arguments": {"a": "x"}}}
+    ps = pieces(K3, req, {"role": "assistant", "reasoning_content": "hm", "content": "", "tool_calls": [call]})
+    ids = ids_of(ps)
+    b = K3.bind(vocab())
+    end = [b.marker_ids[K3.markers.close], *vocab().ids_of(["think"])[0], b.marker_ids[K3.markers.sep]]
+    k = next(i for i in range(len(ids)) if ids[i:i + len(end)] == end)
+    after = K3.completion_grammar(req, vocab(), after_reasoning=True)
+    accepts(after, ids[k + len(end):])
+    assert refused_at(after, ids) == 0
+    off = {**req, "thinking": False}
+    assert K3.completion_grammar(off, vocab(), after_reasoning=True) == K3.completion_grammar(off, vocab())
