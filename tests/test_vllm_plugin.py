@@ -72,11 +72,38 @@ def dist_folder(where: Path) -> Path:
 
 @cache
 def outcomes() -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
-    return run_driver(collect(CASES))
+    return run_driver([*collect(CASES), *hostile()], builtin=True)
 
 
-def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_cases: list[dict[str, Any]] = ()
-               ) -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
+def hostile() -> list[tuple[list[int], dict[str, Any], bool]]:
+    """Answers that break parsers on text: marker text inside an argument
+    value (vLLM's own K3 parser cuts it there), a quoted tools channel in
+    the answer, a call after an answer left open, a character split across
+    ids, and an id past the vocabulary."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    m = k3.markers
+    out = []
+    for message in (
+            {"role": "assistant", "content": "ok", "tool_calls": [{"type": "function", "function": {
+                "name": "f", "arguments": {"q": f"os{m.close}argument{m.sep}sify"}}}]},
+            {"role": "assistant", "content": f"quoted: {m.open}tools{m.sep} is markup", "reasoning_content": "hm"},
+            {"role": "assistant", "content": "emoji 🎉 and 中文 split across ids", "reasoning_content": "ünï"}):
+        thinking = "reasoning_content" in message
+        case = xt.completion_case(k3, {"messages": [{"role": "user", "content": "q"}, message],
+                                       "thinking": thinking}, vocab)
+        assert case is not None
+        out.append(case)
+    open_answer = (f'hi{m.open}tools{m.sep}{m.open}call tool="f" index="1"{m.sep}{m.close}call{m.sep}'
+                   f"{m.close}tools{m.sep}{m.close}message{m.sep}{m.end}")
+    out.append((k3.completion_ids(open_answer, vocab), {}, False))
+    ids, message, thinking = out[0]
+    past = vocab.size + 5
+    out.append(([*ids[:3], past, *ids[3:]], message, thinking))
+    return out
+
+
+def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_cases: list[dict[str, Any]] = (),
+               builtin: bool = False) -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
     python = need("vLLM python", "tests/run sets it up", env="XTML_VLLM_PYTHON")
     k3 = xtml.load("kimi-k3")
     vocab = k3_vocab()
@@ -87,7 +114,7 @@ def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_case
                "cases": [{"prompt": k3.encode({"messages": [], "thinking": thinking}, vocab),
                           "completion": ids, "thinking": thinking, "groupings": GROUPINGS}
                          for ids, _, thinking in cases],
-               "grammar_cases": list(grammar_cases)}
+               "grammar_cases": list(grammar_cases), "builtin": builtin}
         env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml", "XTML_TEMPLATE": "kimi-k3"}
         # -P: the script's folder (tests/helpers, with its tokenizers.py)
         # must not shadow the tokenizers package; PYTHONPATH still counts.

@@ -9,7 +9,9 @@ on stdin, writes one JSON answer on stdout:
     job:    {"tokenizer": path of a tokenizer.json, "dist": folder of xtml's .dist-info,
              "cases": [{"prompt": ids, "completion": ids, "thinking": bool,
                         "groupings": [[size, ...], ...]}, ...]}
-    job (optional): "grammar_cases": [{"request": ChatCompletionRequest fields, "stop": [id, ...],
+    job (optional): "builtin": true, to run the cases through vLLM's kimi_k3 parsers too ("builtin" in the
+    answer: per case "whole"/"stream" messages, or "whole_error"/"stream_error");
+                    "grammar_cases": [{"request": ChatCompletionRequest fields, "stop": [id, ...],
                                        "answers": [ids after the reasoning, ...]}, ...]
     answer: {"vllm": version, "registered": {...}, "grammars": [{"structural_tag": bool,
              "results": [{"taken": n, "terminated": bool}, ...]}, ...],
@@ -102,8 +104,53 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
                         "ended_at_completion": p.is_reasoning_end([*case["prompt"], *ids]),
                         "keeps_special_tokens": request.skip_special_tokens is False
                         and request.spaces_between_special_tokens is False})
-    return {"vllm": version("vllm"), "registered": registered, "results": results,
+    builtin = [_builtin(ParserManager, ChatCompletionRequest, tok, tools, case) for case in job["cases"]] \
+        if job.get("builtin") else []
+    return {"vllm": version("vllm"), "registered": registered, "results": results, "builtin": builtin,
             "grammars": [_grammar(parser_cls, tok, g) for g in job.get("grammar_cases", ())]}
+
+
+def _builtin(manager: Any, request_cls: Any, tok: Any, tools: list[Any], case: dict[str, Any]) -> dict[str, Any]:
+    """The same answer through vLLM's own K3 parsers (``kimi_k3``), whole and
+    one id a delta, for the record: errors are results too."""
+    cls = manager.get_parser(tool_parser_name="kimi_k3", reasoning_parser_name="kimi_k3", enable_auto_tools=True,
+                             tokenizer=tok)
+    kwargs = {"thinking": case["thinking"]}
+    request = request_cls(messages=[{"role": "user", "content": "x"}], model="m", tools=tools,
+                          chat_template_kwargs=kwargs)
+    ids = case["completion"]
+
+    def parser() -> Any:
+        p = cls(tok, request.tools, chat_template_kwargs=kwargs, model_config=None)
+        p.set_prompt_token_ids(case["prompt"])
+        p.adjust_request(request)
+        return p
+
+    out: dict[str, Any] = {}
+    try:
+        out["whole"] = _whole(parser(), tok.decode(ids, skip_special_tokens=False), ids, request)
+    except Exception as e:
+        out["whole_error"] = f"{type(e).__name__}: {e}"[:300]
+    try:
+        p = parser()
+        got: dict[str, Any] = {"reasoning": "", "content": "", "tool_calls": {}}
+        for k, i in enumerate(ids):
+            d = p.parse_delta(tok.decode([i], skip_special_tokens=False), [i], request,
+                              prompt_token_ids=case["prompt"], finished=k == len(ids) - 1)
+            if d is None:
+                continue
+            got["reasoning"] += d.reasoning or ""
+            got["content"] += d.content or ""
+            for tc in d.tool_calls or ():
+                entry = got["tool_calls"].setdefault(tc.index, ["", ""])
+                if tc.function is not None:
+                    entry[0] += tc.function.name or ""
+                    entry[1] += tc.function.arguments or ""
+        got["tool_calls"] = [got["tool_calls"][k] for k in sorted(got["tool_calls"])]
+        out["stream"] = got
+    except Exception as e:
+        out["stream_error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
 
 
 def _grammar(parser_cls: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
