@@ -153,7 +153,7 @@ class XtmlReasoningParser(ReasoningParser):
         options = kwargs.get("chat_template_kwargs") or {k: v for k, v in kwargs.items() if k in _THINKING}
         self.thinking = _thinking(self.x.tpl, dict(options))
         self.content_ids: list[int] | None = None
-        self.sent = ""
+        self.done = 0
         self.ids: list[int] = []
         self.scanned = 0
         self.ended = False
@@ -227,14 +227,24 @@ class XtmlReasoningParser(ReasoningParser):
         return self._reasoning(body, final=at >= 0)
 
     def _reasoning(self, body: list[int], final: bool) -> DeltaMessage | None:
-        text = self.x.vocab.decode(body)
-        if not final:
-            # A character cut between ids waits for its last byte.
-            text = text.rstrip("\ufffd")
-        if not text.startswith(self.sent):
+        """The reasoning text of the ids in ``body`` not sent yet: only the
+        new ids are decoded, so each step costs what it adds."""
+        todo = body[self.done:]
+        if not todo:
             return None
-        new, self.sent = text[len(self.sent):], text
-        return DeltaMessage(reasoning=new) if new else None
+        text = self.x.vocab.decode(todo)
+        if not final and text.endswith("\ufffd"):
+            # A character cut between ids waits for its last bytes (UTF-8
+            # holds at most four, so at most three ids).
+            for k in range(1, min(3, len(todo) - 1) + 1):
+                head = self.x.vocab.decode(todo[:-k])
+                if not head.endswith("\ufffd"):
+                    todo, text = todo[:-k], head
+                    break
+            else:
+                return None
+        self.done += len(todo)
+        return DeltaMessage(reasoning=text) if text else None
 
     def has_engine_confirmed_reasoning_end(self) -> bool:
         return self.ended
