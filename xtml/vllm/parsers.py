@@ -216,20 +216,20 @@ class XtmlReasoningParser(ReasoningParser):
         if at >= 0:
             self.ended = True
             self.content_ids = ids[at + len(end):]
-            body = ids[:at]
-        else:
-            # Hold back a tail that may be the start of the close.
-            body = ids
-            for k in range(min(len(end) - 1, len(ids)), 0, -1):
-                if ids[-k:] == end[:k]:
-                    body = ids[:-k]
-                    break
-        return self._reasoning(body, final=at >= 0)
+            return self._reasoning(at, final=True)
+        # Hold back a tail that may be the start of the close (indexes only:
+        # a copy of the ids so far would make each step cost the whole).
+        body = len(ids)
+        for k in range(min(len(end) - 1, len(ids)), 0, -1):
+            if ids[len(ids) - k:] == end[:k]:
+                body = len(ids) - k
+                break
+        return self._reasoning(body, final=False)
 
-    def _reasoning(self, body: list[int], final: bool) -> DeltaMessage | None:
-        """The reasoning text of the ids in ``body`` not sent yet: only the
-        new ids are decoded, so each step costs what it adds."""
-        todo = body[self.done:]
+    def _reasoning(self, body: int, final: bool) -> DeltaMessage | None:
+        """The reasoning text of the ids before ``body`` not sent yet: only
+        the new ids are decoded, so each step costs what it adds."""
+        todo = self.ids[self.done:body]
         if not todo:
             return None
         text = self.x.vocab.decode(todo)
@@ -251,7 +251,7 @@ class XtmlReasoningParser(ReasoningParser):
 
     def finish_streaming(self) -> DeltaMessage | None:
         """At the end of a stream cut off while reasoning: what was held."""
-        return None if self.ended else self._reasoning(self.ids, final=True)
+        return None if self.ended else self._reasoning(len(self.ids), final=True)
 
 
 class XtmlToolParser(ToolParser):
