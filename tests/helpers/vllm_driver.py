@@ -72,29 +72,7 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
         plain_whole = _whole(parser(plain), text, ids, plain)
         streams, announced = [], []
         for sizes, req in [*((g, request) for g in case["groupings"]), ([3], plain)]:
-            p = parser(req)
-            got: dict[str, Any] = {"reasoning": "", "content": "", "tool_calls": {}}
-            seen: list[int] = []
-            pos = 0
-            for size in itertools.cycle(sizes):
-                if pos >= len(ids):
-                    break
-                delta = ids[pos:pos + size]
-                pos += len(delta)
-                d = p.parse_delta(tok.decode(delta, skip_special_tokens=False), delta, req,
-                                  prompt_token_ids=case["prompt"], finished=pos >= len(ids))
-                if d is None:
-                    continue
-                got["reasoning"] += d.reasoning or ""
-                got["content"] += d.content or ""
-                for tc in d.tool_calls or ():
-                    entry = got["tool_calls"].setdefault(tc.index, ["", ""])
-                    if tc.function is not None:
-                        entry[0] += tc.function.name or ""
-                        entry[1] += tc.function.arguments or ""
-                    if tc.function is not None and tc.function.name:
-                        seen.append(tc.index)
-            got["tool_calls"] = [got["tool_calls"][k] for k in sorted(got["tool_calls"])]
+            got, seen = _stream(parser(req), tok, ids, sizes, req, case["prompt"])
             streams.append(got)
             announced.append(seen)
         p = parser(request)
@@ -132,21 +110,7 @@ def _builtin(manager: Any, request_cls: Any, tok: Any, tools: list[Any], case: d
     except Exception as e:
         out["whole_error"] = f"{type(e).__name__}: {e}"[:300]
     try:
-        p = parser()
-        got: dict[str, Any] = {"reasoning": "", "content": "", "tool_calls": {}}
-        for k, i in enumerate(ids):
-            d = p.parse_delta(tok.decode([i], skip_special_tokens=False), [i], request,
-                              prompt_token_ids=case["prompt"], finished=k == len(ids) - 1)
-            if d is None:
-                continue
-            got["reasoning"] += d.reasoning or ""
-            got["content"] += d.content or ""
-            for tc in d.tool_calls or ():
-                entry = got["tool_calls"].setdefault(tc.index, ["", ""])
-                if tc.function is not None:
-                    entry[0] += tc.function.name or ""
-                    entry[1] += tc.function.arguments or ""
-        got["tool_calls"] = [got["tool_calls"][k] for k in sorted(got["tool_calls"])]
+        got, _ = _stream(parser(), tok, ids, [1], request, case["prompt"])
         out["stream"] = got
     except Exception as e:
         out["stream_error"] = f"{type(e).__name__}: {e}"[:300]
@@ -179,6 +143,35 @@ def _grammar(parser_cls: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
             taken += 1
         results.append({"taken": taken, "terminated": m.is_terminated()})
     return {"structural_tag": True, "results": results}
+
+
+def _stream(p: Any, tok: Any, ids: list[int], sizes: list[int], request: Any,
+            prompt: list[int]) -> tuple[dict[str, Any], list[int]]:
+    """The deltas of ``ids`` fed ``sizes`` at a time (cycling), joined, and
+    the indexes of the calls as they were announced."""
+    got: dict[str, Any] = {"reasoning": "", "content": "", "tool_calls": {}}
+    seen: list[int] = []
+    pos = 0
+    for size in itertools.cycle(sizes):
+        if pos >= len(ids):
+            break
+        delta = ids[pos:pos + size]
+        pos += len(delta)
+        d = p.parse_delta(tok.decode(delta, skip_special_tokens=False), delta, request, prompt_token_ids=prompt,
+                          finished=pos >= len(ids))
+        if d is None:
+            continue
+        got["reasoning"] += d.reasoning or ""
+        got["content"] += d.content or ""
+        for tc in d.tool_calls or ():
+            entry = got["tool_calls"].setdefault(tc.index, ["", ""])
+            if tc.function is not None:
+                entry[0] += tc.function.name or ""
+                entry[1] += tc.function.arguments or ""
+                if tc.function.name:
+                    seen.append(tc.index)
+    got["tool_calls"] = [got["tool_calls"][k] for k in sorted(got["tool_calls"])]
+    return got, seen
 
 
 def _whole(p: Any, text: str, ids: list[int], request: Any) -> dict[str, Any]:
