@@ -72,6 +72,11 @@ class Body:
             lits = Body.compile(self.source, "").literals
         return lits
 
+    def pieces(self) -> tuple[str, ...]:
+        """The literal text around the placeholders, in order: one more
+        piece than :attr:`names` (the render is piece, value, piece ...)."""
+        return self._literals()
+
     def render(self, **values: str) -> str:
         if not self.names:
             return self.plain

@@ -107,7 +107,7 @@ class _Writer:
         if not body.names:
             text = "{{ " + _q(body.plain) + " }}"
         else:
-            lits = list(body._literals())
+            lits = list(body.pieces())
             # The rendered body is stripped: its values never start or end
             # with white space, so stripping the literals is the same.
             lits[0] = lits[0].lstrip()

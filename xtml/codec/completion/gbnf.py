@@ -23,6 +23,7 @@ from typing import Any
 
 from ...errors import OptionError
 from .plan import Plan, deep_schemas_refused
+from .plan import marker_id as _marker_id
 from .xgrammar import _JSON_RULES, TRACKED, _Ebnf
 
 __all__ = ["TRACKED", "write"]
@@ -41,7 +42,6 @@ def write(plan: Plan) -> str:
 # classes and token references are matched first so that nothing inside
 # them is renamed.
 _PIECE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|!?<\[\d+\]>|[A-Za-z0-9_]+|.', re.S)
-_TOKEN = re.compile(r"Token\((\d+)\)\Z")
 _ENTITIES = ('"&amp;"', '"&quot;"')
 _JSON_ESCAPES = ('"\\\\" ["\\\\/bfnrt]', '"\\\\u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]')
 
@@ -65,14 +65,9 @@ class _Gbnf(_Ebnf):
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
-        # The plan spells id references for xgrammar (``Token(ID)``); GBNF's
-        # spelling of the same id is ``<[ID]>``.
-        for attr in ("o", "c", "s", "e"):
-            m = _TOKEN.match(getattr(self, attr))
-            if m is None:
-                raise OptionError(f"the gbnf writer needs markers referenced by id, not {getattr(self, attr)!r}",
-                                  option="format")
-            setattr(self, attr, f"<[{m.group(1)}]>")
+        # GBNF's spelling of a marker's id is ``<[ID]>``.
+        for attr, key in (("o", "open"), ("c", "close"), ("s", "sep"), ("e", "end")):
+            setattr(self, attr, f"<[{_marker_id(plan, key, 'gbnf')}]>")
         self.markers = sorted({m for m in plan.d.markers.all() if m})
         self.safe_done: dict[tuple[str, tuple[str, ...], bool], str] = {}
 

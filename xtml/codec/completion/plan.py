@@ -35,7 +35,7 @@ from ...vocab.binding import Binding
 from .schema import Tool, typed_tool
 
 __all__ = ["FORMATS", "FRAGMENT_NAMES", "MAX_CALLS", "Plan", "completion_plan", "deep_schemas_refused",
-           "fragment_rules"]
+           "fragment_rules", "marker_id"]
 
 FORMATS = ("llguidance", "xgrammar", "xgrammar-tag", "gbnf")
 """The grammar syntaxes a plan is made for:
@@ -103,7 +103,23 @@ def completion_plan(d: Dialect, binding: Binding | None, request: Any, *,
             plan.text_ids = _text_ids(binding)
             plan.specials = sorted(binding.vocab.special_ids())
         plan.refs = _marker_refs(d, binding, format, token_refs)
+        if binding is not None:
+            m = d.markers
+            plan.marker_ids = {k: binding.marker_ids[s] for k, s in
+                               (("open", m.open), ("close", m.close), ("sep", m.sep), ("end", m.end))
+                               if s in binding.marker_ids}
     return plan
+
+
+def marker_id(plan: Plan, key: str, writer: str) -> int:
+    """The id of marker ``key`` (``open``, ``close``, ``sep``, ``end``) for a
+    writer that spells ids its own way; a plan made without a tokenizer has
+    none."""
+    got = plan.marker_ids.get(key)
+    if got is None:
+        raise OptionError(f"the {writer} writer references markers by id: make the plan with the tokenizer",
+                          option="format")
+    return got
 
 
 @contextmanager
@@ -147,6 +163,9 @@ class Plan:
     """The syntax the marker references are spelled for (see :data:`FORMATS`)."""
     refs: dict[str, str] = field(default_factory=dict)
     """How the grammar writes each marker: ``open``, ``close``, ``sep``, ``end``."""
+    marker_ids: dict[str, int] = field(default_factory=dict)
+    """The id of each of those markers, where the tokenizer binding gives it
+    (for writers that spell ids their own way)."""
     specials: list[int] = field(default_factory=list)
     """Ids of the vocabulary's special tokens, which free text never is
     (empty without a tokenizer)."""

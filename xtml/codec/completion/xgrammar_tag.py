@@ -25,16 +25,13 @@ models ignore as they ignore any member they do not know.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from ...errors import OptionError
-from .plan import Plan, deep_schemas_refused
+from .plan import Plan, deep_schemas_refused, marker_id
 from .xgrammar import TRACKED, _Ebnf
 
 __all__ = ["write"]
-
-_TOKEN = re.compile(r"Token\((\d+)\)\Z")
 
 Format = dict[str, Any]
 
@@ -62,14 +59,7 @@ class _Tag:
         self.p = plan
         self.n = plan.d.names
         self.holds = {ch.key: ch.holds for ch in plan.d.assistant_channels}
-        ids = {}
-        for key in ("open", "close", "sep", "end"):
-            m = _TOKEN.match(plan.refs[key])
-            if m is None:
-                raise OptionError(f"the xgrammar-tag writer needs markers referenced by id, not {plan.refs[key]!r}",
-                                  option="format")
-            ids[key] = int(m.group(1))
-        self.ids = ids
+        self.ids = {key: marker_id(plan, key, "xgrammar-tag") for key in ("open", "close", "sep", "end")}
         self.notes = list(plan.notes)
         self.json_answer = False
 
