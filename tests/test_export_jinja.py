@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import re
 import tomllib
@@ -118,8 +119,11 @@ def in_range(engine: str, x: float) -> bool:
     below 1e-4 and from 1e16; llama.cpp prints six significant digits, with
     an exponent from 1e6."""
     a = abs(x)
-    if a == 0 or engine == "transformers":
+    if engine == "transformers":
         return True
+    if a == 0:
+        # llama.cpp prints -0.0 as "-0", which reads back as the integer 0.
+        return engine != "llamacpp" or math.copysign(1.0, x) > 0
     if engine == "hfjs":
         return 1e-4 <= a < 1e16
     return 1e-4 <= a < 1e6 and float(f"{x:.6g}") == x
