@@ -26,7 +26,8 @@ tool calls with typed arguments (strings, integers, floats, booleans,
 arrays, objects), after a prompt whose generation prompt opens the reasoning.
 A round runs both parsers once on each size, in a shuffled order; a figure is
 the median over runs of the time of the ``parse_delta`` loop over the ids
-(the garbage collector on) per id, and the ratio is the median of the
+(the garbage collector on; each delta read into the joined answer and
+dropped, as the server writes it out) per id, and the ratio is the median of the
 per-round ratios kimi_k3 / xtml (above 1, xtml is faster). A parser's run
 over ``--cap`` seconds (default 60) is not repeated: that size's figure for
 it is then that one run (``once`` in the JSON), and the ratio is of the
@@ -168,22 +169,34 @@ def prepare(folder: Path, sizes: list[int]) -> None:
 
 # --- the run (vLLM's venv) --------------------------------------------------
 
-def joined(deltas: list[Any]) -> dict[str, Any]:
-    """The stream's deltas joined: reasoning, content, calls by index."""
-    reasoning, content = [], []
-    calls: dict[int, list[str]] = {}
-    for d in deltas:
+class Joined:
+    """The stream's deltas joined as they come: reasoning, content, calls by
+    index. Each delta is read and dropped, as vLLM's server writes it out and
+    forgets it: keeping 100k delta objects alive would bill the garbage
+    collector's full passes over them to whichever parser was running."""
+
+    def __init__(self) -> None:
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+        self.calls: dict[int, list[str]] = {}
+
+    def add(self, d: Any) -> None:
         if d is None:
-            continue
-        reasoning.append(d.reasoning or "")
-        content.append(d.content or "")
+            return
+        if d.reasoning:
+            self.reasoning.append(d.reasoning)
+        if d.content:
+            self.content.append(d.content)
         for tc in d.tool_calls or ():
-            entry = calls.setdefault(tc.index, ["", ""])
+            entry = self.calls.setdefault(tc.index, ["", ""])
             if tc.function is not None:
                 entry[0] += tc.function.name or ""
                 entry[1] += tc.function.arguments or ""
-    return {"reasoning": "".join(reasoning), "content": "".join(content),
-            "tool_calls": [[calls[k][0], as_json(calls[k][1])] for k in sorted(calls)]}
+
+    def result(self) -> dict[str, Any]:
+        calls = self.calls
+        return {"reasoning": "".join(self.reasoning), "content": "".join(self.content),
+                "tool_calls": [[calls[k][0], as_json(calls[k][1])] for k in sorted(calls)]}
 
 
 def differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
@@ -231,8 +244,8 @@ class Driver:
         return [stream.step(backend, t) or "" for t in ids]
 
     def stream(self, name: str, prompt: list[int], ids: list[int], texts: list[str], split: int
-               ) -> tuple[float, list[float], list[Any]]:
-        """(seconds of the parse_delta loop, seconds per block of ids, deltas).
+               ) -> tuple[float, list[float], Joined]:
+        """(seconds of the parse_delta loop, seconds per block of ids, the deltas joined).
         Blocks are of ``BLOCK`` ids, less at ``split`` (the reasoning's end)
         and at the end."""
         request = self.Request(messages=[{"role": "user", "content": "x"}], model="m", tools=self.tools,
@@ -243,8 +256,8 @@ class Driver:
         parse = p.parse_delta
         singles = [[t] for t in ids]
         last = len(ids) - 1
-        out: list[Any] = []
-        append = out.append
+        out = Joined()
+        add = out.add
         blocks = []
         clock = time.perf_counter
         gc.collect()
@@ -252,7 +265,7 @@ class Driver:
         mark = start
         for lo, hi in block_bounds(len(ids), split):
             for i in range(lo, hi):
-                append(parse(texts[i], singles[i], request, prompt_token_ids=prompt, finished=i == last))
+                add(parse(texts[i], singles[i], request, prompt_token_ids=prompt, finished=i == last))
             now = clock()
             blocks.append(now - mark)
             mark = now
@@ -314,7 +327,7 @@ def run(folder: Path, rounds: dict[int, int], cap: float, out: Path) -> int:
                 row[name].append(secs)
                 blocks.setdefault(n, {}).setdefault(name, []).append(per_block)
                 if r == 0:
-                    diff = differences(joined(deltas), c["expected"])
+                    diff = differences(deltas.result(), c["expected"])
                     checks[n][name] = {"equal": not diff, "differences": diff}
                     if secs > cap:
                         once[n, name] = True

@@ -111,6 +111,7 @@ def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_case
         tokenizer = Path(tmp) / "tokenizer.json"
         tokenizer.write_text(vocab.tokenizer.to_str(), encoding="utf-8")
         job = {"tokenizer": str(tokenizer), "dist": str(dist_folder(Path(tmp) / "dist")),
+               "stop": [k3.bind(vocab).marker_ids[k3.markers.end]],
                "cases": [{"prompt": k3.encode({"messages": [], "thinking": thinking}, vocab),
                           "completion": ids, "thinking": thinking, "groupings": GROUPINGS}
                          for ids, _, thinking in cases],
@@ -156,24 +157,32 @@ def test_the_plugin_registers_both_parsers() -> None:
 
 
 def test_whole_answers_parse_as_xtml_parses_them() -> None:
-    """vLLM 0.33 hands a legacy parser the decoded text only: read back to
-    ids, it is the generated ids unless the model spelled a marker with
-    ordinary tokens, which text cannot tell from the marker (docs/vllm.md).
-    Every answer parses as xtml parses the ids its text reads back to, and
-    as xtml parses the generated ids whenever its text spells no marker."""
+    """vLLM 0.33 hands a legacy parser the decoded text only (the stop
+    token's text left out): read back to ids, it is the generated ids unless
+    the model spelled a marker with ordinary tokens, which text cannot tell
+    from the marker (docs/vllm.md). Every answer parses as xtml parses the
+    ids its text reads back to, and as xtml parses the generated ids
+    whenever its text spells no marker; when it does, the parser says so
+    (one warning, with the first token that differs) as soon as vLLM hands
+    it the ids, and only then."""
     answer, cases = outcomes()
     k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    end = k3.bind(vocab).marker_ids[k3.markers.end]
     assert len(cases) >= 40
     spelled = 0
     for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
-        read_back = k3.completion_ids(vocab.decode(ids), vocab)
+        generated = ids[:-1] if ids and ids[-1] == end else ids
+        read_back = k3.completion_ids(vocab.decode(generated), vocab)
         assert shaped(got["whole"]) == expected(read_back, thinking)
-        if read_back == ids:
+        if read_back == generated:
             assert shaped(got["whole"]) == expected(ids, thinking)
+            assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == 0
         else:
             spelled += 1
             assert any(m in vocab.decode(ids) for m in k3.markers.all())
-    assert spelled < len(cases)
+            at = next(k for k, (a, b) in enumerate(zip(read_back, ids)) if a != b)
+            assert got["whole_ambiguous_at"] == at and got["whole_warnings"] == 1
+    assert 0 < spelled < len(cases)
 
 
 def test_streamed_answers_join_to_the_same_whatever_the_grouping() -> None:
@@ -316,3 +325,38 @@ def test_a_json_response_format_hands_vllm_the_grammar() -> None:
     good, bad = got["results"]
     assert good == {"taken": len(answers[0]), "terminated": True}
     assert bad["taken"] < len(answers[1])
+
+
+def test_beside_vllms_own_k3_parser() -> None:
+    """The same answers through vLLM's built-in ``kimi_k3`` parsers, for the
+    record (docs/vllm.md): how many come back as xtml reads the ids, whole
+    and one id a delta. vLLM's parser reads decoded text with regular
+    expressions: it cuts the argument value that holds marker text (the
+    first hostile answer), whole and streamed; xtml's, streamed, loses none.
+    Whole answers are text to both (see above), where neither can tell a
+    marker from its spelling."""
+    answer, cases = outcomes()
+    n = len(cases)
+    xtml_whole = sum(shaped(got["whole"]) == expected(ids, thinking)
+                     for (ids, _, thinking), got in zip(cases, answer["results"], strict=True))
+    xtml_stream = sum(shaped(got["streams"][0]) == expected(ids, thinking)
+                      for (ids, _, thinking), got in zip(cases, answer["results"], strict=True))
+    builtin_whole = sum("whole" in got and shaped(got["whole"]) == expected(ids, thinking)
+                        for (ids, _, thinking), got in zip(cases, answer["builtin"], strict=True))
+    builtin_stream = sum("stream" in got and shaped(got["stream"]) == expected(ids, thinking)
+                         for (ids, _, thinking), got in zip(cases, answer["builtin"], strict=True))
+    print(f"\nequal to Template.parse on the ids, of {n}: xtml whole {xtml_whole}, streamed {xtml_stream}; "
+          f"kimi_k3 whole {builtin_whole}, streamed {builtin_stream}")
+    assert xtml_stream == n
+    # The first hostile answer: "os<|close|>argument<|sep|>sify" as an argument value.
+    (ids, _, thinking), got = cases[first_hostile()], answer["builtin"][first_hostile()]
+    want = expected(ids, thinking)
+    assert want["tool_calls"] == [["f", {"q": "os<|close|>argument<|sep|>sify"}]]
+    assert shaped(answer["results"][first_hostile()]["streams"][0]) == want
+    assert "whole" not in got or shaped(got["whole"]) != want
+    assert "stream" not in got or shaped(got["stream"]) != want
+
+
+def first_hostile() -> int:
+    """Where the hostile answers start among the cases: after the generated ones."""
+    return len(outcomes()[1]) - len(hostile())

@@ -7,6 +7,7 @@ vLLM finds the plugin the way it finds an installed one. Reads one JSON job
 on stdin, writes one JSON answer on stdout:
 
     job:    {"tokenizer": path of a tokenizer.json, "dist": folder of xtml's .dist-info,
+             "stop": [the ids that stop generation],
              "cases": [{"prompt": ids, "completion": ids, "thinking": bool,
                         "groupings": [[size, ...], ...]}, ...]}
     job (optional): "builtin": true, to run the cases through vLLM's kimi_k3 parsers too ("builtin" in the
@@ -16,7 +17,8 @@ on stdin, writes one JSON answer on stdout:
     answer: {"vllm": version, "registered": {...}, "grammars": [{"structural_tag": bool,
              "results": [{"taken": n, "terminated": bool}, ...]}, ...],
              "results": [{"whole": message, "streams": [message, ...],
-             "announced": [[index, ...], ...], "plain_whole": message, "plain_stream": message
+             "announced": [[index, ...], ...], "whole_ambiguous_at": token offset or None,
+             "whole_warnings": n, "plain_whole": message, "plain_stream": message
              (a request without tools), "ended_at_prompt": bool, "ended_at_completion": bool,
              "keeps_special_tokens": bool}, ...]}
 
@@ -27,13 +29,23 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import sys
 from importlib.metadata import version
 from typing import Any
 
 
+class _Warnings(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        WARNINGS.append(record.getMessage())
+
+
+WARNINGS: list[str] = []
+
+
 def main(job: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, job["dist"])
+    logging.getLogger("xtml.vllm").addHandler(_Warnings(logging.WARNING))
     from transformers import PreTrainedTokenizerFast
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.parser import ParserManager
@@ -64,8 +76,11 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
             return p
 
         ids = case["completion"]
-        text = tok.decode(ids, skip_special_tokens=False)
-        whole = _whole(parser(request), text, ids, request)
+        text = _text(tok, ids, job.get("stop", ()))
+        p = parser(request)
+        warned = len(WARNINGS)
+        whole = _whole(p, text, ids, request)
+        ambiguous_at, warnings = p.reasoning_parser.ambiguous_at, len(WARNINGS) - warned
         # A request without tools: tool_choice is "none" (vLLM's default).
         plain = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], model="m",
                                       chat_template_kwargs=kwargs)
@@ -76,19 +91,22 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
             streams.append(got)
             announced.append(seen)
         p = parser(request)
-        results.append({"whole": whole, "streams": streams[:-1], "announced": announced[:-1],
+        results.append({"whole": whole, "whole_ambiguous_at": ambiguous_at, "whole_warnings": warnings,
+                        "streams": streams[:-1], "announced": announced[:-1],
                         "plain_whole": plain_whole, "plain_stream": streams[-1],
                         "ended_at_prompt": p.is_reasoning_end(case["prompt"]),
                         "ended_at_completion": p.is_reasoning_end([*case["prompt"], *ids]),
                         "keeps_special_tokens": request.skip_special_tokens is False
                         and request.spaces_between_special_tokens is False})
-    builtin = [_builtin(ParserManager, ChatCompletionRequest, tok, tools, case) for case in job["cases"]] \
+    builtin = [_builtin(ParserManager, ChatCompletionRequest, tok, tools, case, job.get("stop", ()))
+               for case in job["cases"]] \
         if job.get("builtin") else []
     return {"vllm": version("vllm"), "registered": registered, "results": results, "builtin": builtin,
             "grammars": [_grammar(parser_cls, tok, g) for g in job.get("grammar_cases", ())]}
 
 
-def _builtin(manager: Any, request_cls: Any, tok: Any, tools: list[Any], case: dict[str, Any]) -> dict[str, Any]:
+def _builtin(manager: Any, request_cls: Any, tok: Any, tools: list[Any], case: dict[str, Any],
+             stop: Any) -> dict[str, Any]:
     """The same answer through vLLM's own K3 parsers (``kimi_k3``), whole and
     one id a delta, for the record: errors are results too."""
     cls = manager.get_parser(tool_parser_name="kimi_k3", reasoning_parser_name="kimi_k3", enable_auto_tools=True,
@@ -106,7 +124,7 @@ def _builtin(manager: Any, request_cls: Any, tok: Any, tools: list[Any], case: d
 
     out: dict[str, Any] = {}
     try:
-        out["whole"] = _whole(parser(), tok.decode(ids, skip_special_tokens=False), ids, request)
+        out["whole"] = _whole(parser(), _text(tok, ids, stop), ids, request)
     except Exception as e:
         out["whole_error"] = f"{type(e).__name__}: {e}"[:300]
     try:
@@ -174,8 +192,20 @@ def _stream(p: Any, tok: Any, ids: list[int], sizes: list[int], request: Any,
     return got, seen
 
 
+def _text(tok: Any, ids: list[int], stop: Any) -> str:
+    """The answer's text as vLLM's server hands it to a whole answer's
+    parser: special tokens kept, the stop token's own text left out."""
+    if ids and ids[-1] in stop:
+        ids = ids[:-1]
+    return str(tok.decode(ids, skip_special_tokens=False))
+
+
 def _whole(p: Any, text: str, ids: list[int], request: Any) -> dict[str, Any]:
+    """A whole answer, as vLLM's chat server reads it
+    (chat_completion/serving.py): ``parse``, then ``count_reasoning_tokens``
+    on the generated ids."""
     reasoning, content, calls = p.parse(text, request, enable_auto_tools=True, model_output_token_ids=ids)
+    p.count_reasoning_tokens(ids)
     return {"reasoning": reasoning, "content": content, "tool_calls": [[c.name, c.arguments] for c in calls or ()]}
 
 

@@ -18,7 +18,11 @@ combine as vLLM combines any pair, with no private hook:
   the generated ids whenever the text was decoded with the special tokens
   kept (``adjust_request`` asks for that) and the model spelled no marker
   with ordinary tokens. A model's text that spells a marker is the one case
-  text cannot tell apart: read from text, it is the marker
+  text cannot tell apart: read from text, it is the marker. vLLM's server
+  hands the ids to ``count_reasoning_tokens`` right after the parse: there
+  the reasoning parser compares them with the ids it read back, and a
+  difference is reported (a warning with the first token that differs;
+  :attr:`XtmlReasoningParser.ambiguous_at`), never passed over in silence
   (docs/vllm.md).
 
 The reasoning ends where the reasoning channel closes: its close marker, the
@@ -29,6 +33,7 @@ per-step check is constant work).
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +58,8 @@ from ..vocab.vocabulary import Vocabulary
 from .plugin import template
 
 __all__ = ["XtmlReasoningParser", "XtmlToolParser"]
+
+log = logging.getLogger(__name__)
 
 
 class _Setup:
@@ -157,6 +164,12 @@ class XtmlReasoningParser(ReasoningParser):
         self.ids: list[int] = []
         self.scanned = 0
         self.ended = False
+        # The ids a whole answer's text read back to, until vLLM hands the
+        # generated ones (count_reasoning_tokens) to compare them with.
+        self.read_back: list[int] | None = None
+        #: Where a whole answer's text and its ids first differed (the
+        #: token offset in the answer), or None.
+        self.ambiguous_at: int | None = None
 
     @property
     def reasoning_end_str(self) -> str | None:
@@ -186,16 +199,33 @@ class XtmlReasoningParser(ReasoningParser):
         return list(self.content_ids) if self.content_ids is not None else input_ids
 
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        if self.read_back is not None:
+            self._compare(self.read_back, list(token_ids))
+            self.read_back = None
         at = _find_last(token_ids, self.x.think_end)
         return at if at >= 0 else len(token_ids)
 
     def adjust_request(self, request: Any) -> Any:
         return _keep_special_tokens(super().adjust_request(request))
 
+    def _compare(self, read: list[int], generated: list[int]) -> None:
+        n = len(read)
+        # vLLM leaves the stop token's text out of the answer's (a special
+        # token ending it: the end marker, the tokenizer's end of sequence).
+        if generated[:n] == read and set(generated[n:]) <= self.x.vocab.special_ids():
+            return
+        at = next((k for k, (a, b) in enumerate(zip(read, generated)) if a != b), min(len(read), len(generated)))
+        self.ambiguous_at = at
+        log.warning("xtml: this whole answer was read from its text (vLLM hands a whole answer's parsers no "
+                    "ids), and the text does not read back to the generated ids from token %d on: a marker the "
+                    "model spelled with ordinary tokens was read as the marker. Streamed answers are read on "
+                    "their ids.", at)
+
     def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
+        self.read_back = ids
         if not self.thinking:
             return None, model_output
-        ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
         at = _find_last(ids, self.x.think_end)
         if at < 0:
             return model_output, None  # cut off while reasoning
