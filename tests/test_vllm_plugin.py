@@ -12,7 +12,6 @@ import random
 import subprocess
 import tempfile
 from functools import cache
-from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 import xtml
 from tests.helpers.need import need
 from tests.helpers.tokenizers import deepseek_path
+from tests.helpers.vllm import dist_folder
 from xtml import testing as xt
 from xtml.testing.strategies import assistant_messages
 
@@ -58,16 +58,6 @@ def collect(n: int) -> list[tuple[list[int], dict[str, Any], bool]]:
 
     draw()
     return out
-
-
-def dist_folder(where: Path) -> Path:
-    """xtml's installed metadata, as vLLM's entry-point lookup reads it."""
-    dist = distribution("xtml")
-    info = where / "xtml-0.0.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xtml\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text(dist.read_text("entry_points.txt") or "")
-    return where
 
 
 @cache
@@ -173,9 +163,9 @@ def test_whole_answers_parse_as_xtml_parses_them() -> None:
     for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
         generated = ids[:-1] if ids and ids[-1] == end else ids
         read_back = k3.completion_ids(vocab.decode(generated), vocab)
-        assert shaped(got["whole"]) == expected(read_back, thinking)
+        assert shaped(got["whole"]) == whole_answer(expected(read_back, thinking))
         if read_back == generated:
-            assert shaped(got["whole"]) == expected(ids, thinking)
+            assert shaped(got["whole"]) == whole_answer(expected(ids, thinking))
             assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == 0
         else:
             spelled += 1
@@ -183,6 +173,16 @@ def test_whole_answers_parse_as_xtml_parses_them() -> None:
             at = next(k for k, (a, b) in enumerate(zip(read_back, ids)) if a != b)
             assert got["whole_ambiguous_at"] == at and got["whole_warnings"] == 1
     assert 0 < spelled < len(cases)
+
+
+def whole_answer(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as vLLM's whole path returns it: beside tool calls, content
+    that is only white space is no content (vLLM 0.33,
+    ``DelegatingParser._extract_tool_calls``: ``if content and
+    content.strip() == "": content = None``); a stream keeps it."""
+    if message["tool_calls"] and not message["content"].strip():
+        return {**message, "content": ""}
+    return message
 
 
 def test_streamed_answers_join_to_the_same_whatever_the_grouping() -> None:
@@ -337,11 +337,11 @@ def test_beside_vllms_own_k3_parser() -> None:
     marker from its spelling."""
     answer, cases = outcomes()
     n = len(cases)
-    xtml_whole = sum(shaped(got["whole"]) == expected(ids, thinking)
+    xtml_whole = sum(shaped(got["whole"]) == whole_answer(expected(ids, thinking))
                      for (ids, _, thinking), got in zip(cases, answer["results"], strict=True))
     xtml_stream = sum(shaped(got["streams"][0]) == expected(ids, thinking)
                       for (ids, _, thinking), got in zip(cases, answer["results"], strict=True))
-    builtin_whole = sum("whole" in got and shaped(got["whole"]) == expected(ids, thinking)
+    builtin_whole = sum("whole" in got and shaped(got["whole"]) == whole_answer(expected(ids, thinking))
                         for (ids, _, thinking), got in zip(cases, answer["builtin"], strict=True))
     builtin_stream = sum("stream" in got and shaped(got["stream"]) == expected(ids, thinking)
                          for (ids, _, thinking), got in zip(cases, answer["builtin"], strict=True))
