@@ -126,6 +126,8 @@ def check(ids: list[int], thinking: bool, chunks: list[int] | None = None) -> sh
         assert got["reasoning"] == msg.get("reasoning_content", ""), what
         # The stream's final message is the batch's, with the stream's ids.
         assert cs.message == msg, what
+        # Reasoning tokens counted the same way, whole and streamed.
+        assert cs.reasoning_tokens(len(ids)) == K3.reasoning_tokens(ids, vocab(), thinking=thinking), what
         ChatCompletion.model_validate(cs.completion())
         # The same repairs reported, whichever way the completion came.
         assert sorted(d["kind"] for d in got["diagnostics"]) == sorted(d["kind"] for d in batch.diagnostics), what
@@ -354,6 +356,28 @@ def test_a_json_block_is_sent_whole() -> None:
 
 # -- the objects --------------------------------------------------------------------------------
 
+def test_reasoning_tokens_count_up_to_the_reasoning_close() -> None:
+    """usage.completion_tokens_details.reasoning_tokens: the ids up to and
+    with the reasoning channel's close; all of them in an answer cut off
+    while reasoning; none when the prompt opened no reasoning."""
+    v = vocab()
+    reasoning = K3.completion_ids("let me think", v)
+    close = K3.completion_ids(f"{CLOSE}think{SEP}", v)
+    answer = K3.completion_ids(f"{OPEN}response{SEP}ok{CLOSE}response{SEP}{CLOSE}message{SEP}", v)
+    ids = [*reasoning, *close, *answer]
+    assert K3.reasoning_tokens(ids, v, thinking=True) == len(reasoning) + len(close)
+    assert K3.reasoning_tokens(reasoning, v, thinking=True) == len(reasoning)
+    assert K3.reasoning_tokens(answer, v, thinking=False) == 0
+    _, cs = stream(ids, True, include_usage=True)
+    (u,) = cs.close(prompt_tokens=5, completion_tokens=len(ids))
+    assert u["usage"]["completion_tokens_details"] == {"reasoning_tokens": len(reasoning) + len(close)}
+    whole = shapes.chat_completion(K3.parse(ids, v, completion=True, lenient=True, thinking=True), model="m",
+                                   prompt_tokens=5, completion_tokens=len(ids),
+                                   reasoning_tokens=K3.reasoning_tokens(ids, v, thinking=True))
+    ChatCompletion.model_validate(whole)
+    assert whole["usage"] == u["usage"]
+
+
 def test_usage_chunk_and_usage_nulls() -> None:
     ids = K3.completion_ids(f"hi{CLOSE}response{SEP}{CLOSE}message{SEP}", vocab())
     out, cs = stream(ids, False, include_usage=True)
@@ -363,7 +387,8 @@ def test_usage_chunk_and_usage_nulls() -> None:
     (u,) = cs.close(prompt_tokens=5, completion_tokens=len(ids))
     ChatCompletionChunk.model_validate(u)
     assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 5, "completion_tokens": len(ids),
-                                                "total_tokens": 5 + len(ids)}
+                                                "total_tokens": 5 + len(ids),
+                                                "completion_tokens_details": {"reasoning_tokens": 0}}
     assert cs.close(prompt_tokens=5, completion_tokens=1) == []
     plain = shapes.ChunkStream(model="m")
     assert "usage" not in plain.feed([])[0]

@@ -667,7 +667,10 @@ def test_no_grammar_without_a_constraint_or_when_turned_off(vllm: Rig) -> None:
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": "hi"}, "messages"),
     ({**REQUEST, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({**REQUEST, "n": 2}, "n"),
+    ({**REQUEST, "n": 0}, "n"),
+    ({**REQUEST, "n": 17}, "n"),
+    ({**REQUEST, "n": 1.5}, "n"),
+    ({"messages": []}, "messages"),
     ({**REQUEST, "temperature": "hot"}, "temperature"),
     ({**REQUEST, "max_tokens": 0}, "max_tokens"),
     ({**REQUEST, "temperature": float("nan")}, "temperature"),
@@ -898,7 +901,7 @@ def test_the_command_checks_its_arguments(capsys: pytest.CaptureFixture[str], tm
             assert err.count("\n") == 1
     # Every address a host names, as uvicorn binds them ("": all interfaces),
     # on one port even when the port is chosen by the system.
-    socks = serve_cli._listen("", 0)
+    socks = serve_cli.listen("", 0)
     try:
         assert len({s.getsockname()[1] for s in socks}) == 1 and len(socks) >= 1
     finally:

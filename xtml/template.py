@@ -22,7 +22,7 @@ from .chat.request import MAX_CHARS, Msg, Options, prepare, split_request
 from .chat.template_file import load_dialect
 from .codec.completion import completion_plan
 from .codec.conversation import Conversation
-from .codec.parse import parse
+from .codec.parse import parse, reasoning_length
 from .codec.stream import StreamParser
 from .codec.training import TrainingExample, encode_example
 from .errors import OptionError, RequestError
@@ -317,6 +317,14 @@ class Template:
         return text
 
     # -- parse -------------------------------------------------------------------
+
+    def reasoning_tokens(self, ids: Sequence[int], tokenizer: TokenizerLike, *, thinking: bool | None = None) -> int:
+        """How many of a completion's ids are reasoning (OpenAI's
+        ``usage.completion_tokens_details.reasoning_tokens``): up to and with
+        the close of the reasoning channel, all of them when it never
+        closes, none when the prompt (``thinking``, default: the template's
+        default mode) opened no reasoning."""
+        return reasoning_length(self.dialect, self.bind(tokenizer), ids, thinking)
 
     def parse(
         self,

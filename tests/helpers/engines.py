@@ -236,6 +236,18 @@ class StandIn:
                 await _send(send, 200, DEEP_JSON, "application/json")
                 done = True
                 return
+            n = self.choices(body)
+            if n > 1:
+                # vLLM's n, SGLang's sampling_params.n: one request, n choices.
+                outs = [self.generate({**body, "choice": i}) for i in range(n)]
+                if self.record:
+                    self.sent += [o[1] for o in outs]
+                if body.get("stream"):
+                    done = await self._stream_events(send, self._events_n(outs), gone)
+                else:
+                    await _send_json(send, 200, self._whole_n(outs))
+                    done = True
+                return
             prompt, ids, finish, matched = self.generate(body)
             if self.mode == "out_of_range":
                 ids = [*ids[:2], self.vocab_size + 5, *ids[2:]]
@@ -251,11 +263,50 @@ class StandIn:
             if done:
                 self.finished += 1
 
+    def choices(self, body: dict[str, Any]) -> int:
+        """How many choices a request asks for, where the engine takes ``n``
+        (llama.cpp's /completion has no such field)."""
+        if self.kind == "vllm":
+            return int(body.get("n") or 1)
+        if self.kind == "sglang":
+            return int((body.get("sampling_params") or {}).get("n") or 1)
+        return 1
+
+    def _whole_n(self, outs: list[tuple[list[int], list[int], str, Any]]) -> Any:
+        """n choices whole: vLLM's choices, each with its index; SGLang's
+        list of n answers (tokenizer_manager._handle_batch_request gathers
+        the n requests of a parallel sample and yields their outputs)."""
+        wholes = [self._whole(*o) for o in outs]
+        if self.kind == "sglang":
+            for i, w in enumerate(wholes):
+                w["meta_info"]["id"] = f"rid-1-{i}"
+            return wholes
+        first = wholes[0]
+        first["choices"] = [{**w["choices"][0], "index": i} for i, w in enumerate(wholes)]
+        return first
+
+    def _events_n(self, outs: list[tuple[list[int], list[int], str, Any]]) -> Iterator[bytes]:
+        """n choices streamed, their events interleaved: vLLM's chunks carry
+        each choice's index; SGLang's events its ``index``
+        (tokenizer_manager._stream_batch_responses sets
+        ``result["index"]``)."""
+        streams = []
+        for i, o in enumerate(outs):
+            events = [e for e in self._events(*o) if e != b"data: [DONE]\n\n"]
+            streams.append([_with_index(e, i, self.kind) for e in events])
+        for k in range(max(map(len, streams))):
+            for events in streams:
+                if k < len(events):
+                    yield events[k]
+        yield b"data: [DONE]\n\n"
+
     async def _stream(self, send: Send, prompt: list[int], ids: list[int], finish: str, matched: Any,
                       gone: asyncio.Event) -> bool:
+        return await self._stream_events(send, self._events(prompt, ids, finish, matched), gone)
+
+    async def _stream_events(self, send: Send, events: Iterator[bytes], gone: asyncio.Event) -> bool:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
-        events = self._events(prompt, ids, finish, matched)
         for k, event in enumerate(events):
             if gone.is_set():
                 self.closed_early += 1
@@ -354,6 +405,17 @@ class StandIn:
                 held = b""
             yield data(self._whole(prompt, [], finish, matched) | {"tokens": [],
                                                                     "tokens_predicted": len(ids)})
+
+
+def _with_index(event: bytes, i: int, kind: str) -> bytes:
+    obj = json.loads(event[6:])
+    if kind == "vllm":
+        for c in obj["choices"]:
+            c["index"] = i
+    else:
+        obj["index"] = i
+        obj["meta_info"]["id"] = f"rid-1-{i}"
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _cut_inside_a_character(text: bytes) -> bool:

@@ -24,12 +24,12 @@ from ..markup.markers import CLOSE, END, SEP, TEXT
 from ..markup.nodes import Diagnostic, Element
 from ..markup.parse import Lexemes, build, check_size, lex_text
 from ..markup.reference import parse_lexemes
-from ..markup.segments import to_segments
+from ..markup.segments import Segment, to_segments
 from ..markup.sink import TreeSink
 from ..vocab.binding import Binding
 from ..vocab.ids import skip_bad_ids
 
-__all__ = ["parse", "prefill_element"]
+__all__ = ["parse", "prefill_element", "reasoning_length"]
 
 
 def prefill_element(d: Dialect, message: Any, thinking: bool, max_chars: int | None) -> Element:
@@ -42,6 +42,25 @@ def prefill_element(d: Dialect, message: Any, thinking: bool, max_chars: int | N
     last = tb.finish()[-1]
     assert isinstance(last, Element)
     return last
+
+
+def reasoning_length(d: Dialect, binding: Binding, ids: Sequence[int], thinking: bool | None = None) -> int:
+    """How many of a completion's ids are its reasoning (OpenAI's
+    ``reasoning_tokens``): those up to and with the close of the reasoning
+    channel the generation prompt opened, or all of them when the completion
+    never closes it; none when the prompt opened no reasoning channel. The
+    same count as a stream's ``channel_end`` of that channel (its offset,
+    plus one)."""
+    tag = d.channel_tag("reasoning")
+    if tag is None or not (d.thinking_default if thinking is None else thinking):
+        return 0
+    m = d.markers
+    end = [binding.marker_ids[m.close], *binding.encode_segments([Segment(tag, False)]), binding.marker_ids[m.sep]]
+    first, n = end[0], len(end)
+    for k in range(len(ids) - n + 1):
+        if ids[k] == first and list(ids[k:k + n]) == end:
+            return k + n
+    return len(ids)
 
 
 def parse(d: Dialect, binding: Binding | None, data: Sequence[Any] | str, *, completion: bool = False,

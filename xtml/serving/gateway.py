@@ -9,6 +9,11 @@ that takes and gives token ids.
   come back are parsed as they arrive (:class:`~xtml.codec.stream.StreamParser`)
   into ``chat.completion.chunk`` server-sent events (:class:`~.openai.ChunkStream`),
   or parsed whole into a ``chat.completion`` (:func:`~.openai.chat_completion`);
+* ``POST /v1/responses`` — the Responses API, on the same path: the request
+  is translated to the chat request it stands for and the answer back to a
+  ``response`` object or its typed events (:mod:`.responses`), with
+  ``previous_response_id`` served from a bounded store; ``GET`` and
+  ``DELETE /v1/responses/{id}`` for a stored one;
 * ``GET /v1/models`` — the one model served;
 * ``GET /health`` — 200 when the backend says it is ready, else 503.
 
@@ -53,8 +58,18 @@ from starlette.types import Receive, Scope, Send
 from ..chat import fields
 from ..chat.request import TEXT_PART_TYPES
 from ..errors import MessageError, OptionError, RequestError, XtmlError, shown
-from .engines import BACKENDS, Backend, BackendError, Generation, Piece, dumps, sampling
-from .openai import SSE_DONE, ChunkStream, StopSequences, chat_completion, shape_message, sse
+from .engines import BACKENDS, Backend, BackendError, Generation, Piece, dumps, one_choice, sampling
+from .openai import (
+    SSE_DONE,
+    ChunkStream,
+    FunctionCalls,
+    Shaped,
+    StopSequences,
+    chat_completion,
+    shape_message,
+    sse,
+)
+from .responses import MAX_AGE, MAX_ENTRIES, Exchange, ResponseStore, translate
 
 if TYPE_CHECKING:
     from ..template import Template
@@ -106,11 +121,18 @@ def _error(status: int, message: str, *, type: str, param: str | None = None,
                     media_type="application/json")
 
 
-def _request_error(e: XtmlError) -> tuple[int, bytes]:
+def _request_error(e: XtmlError, api: Exchange | None = None) -> tuple[int, bytes]:
     # A message's location is its path (messages[2].role); an option's is
     # worded for people ("option 'tool_choice'"), so its name is the param.
     param = e.option if isinstance(e, OptionError) else e.location
-    return 400, _error_body(400, str(e), type="invalid_request_error", param=param)
+    message = str(e)
+    if api is not None:
+        # A Responses request's messages are its items: say which.
+        message = api.where(message)
+        param = api.where(param) if param is not None else None
+    status = getattr(e, "status", 400)
+    return status, _error_body(status, message, type="invalid_request_error", param=param,
+                               code="previous_response_not_found" if status == 404 else None)
 
 
 def _backend_error(e: BackendError) -> tuple[int, bytes]:
@@ -137,6 +159,11 @@ class _Job:
     thinking: bool
     stream: bool
     include_usage: bool
+    api: Exchange | None = None
+    """The Responses request it serves, if any (else a chat completion)."""
+    legacy: bool = False
+    """Tools declared as the deprecated ``functions``: the answer's call is
+    a ``function_call``."""
 
 
 class Gateway:
@@ -154,11 +181,14 @@ class Gateway:
     llama.cpp, whose builds mostly lack llguidance, else ``llguidance``).
     ``max_body`` is the largest
     request body read, in bytes (default :data:`MAX_BODY`): past it the
-    answer is a 413, before the rest is read."""
+    answer is a 413, before the rest is read. ``store_entries`` and
+    ``store_age`` (seconds) bound the responses kept for the Responses
+    API's ``previous_response_id`` (:class:`~.responses.ResponseStore`)."""
 
     def __init__(self, template: Template, tokenizer: Any, backend: str, *, kind: str = "vllm",
                  model: str | None = None, backend_model: str | None = None, timeout: float = 600.0,
-                 grammar: bool = True, grammar_format: str | None = None, max_body: int = MAX_BODY) -> None:
+                 grammar: bool = True, grammar_format: str | None = None, max_body: int = MAX_BODY,
+                 store_entries: int = MAX_ENTRIES, store_age: float = MAX_AGE) -> None:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
@@ -172,6 +202,10 @@ class Gateway:
             raise OptionError(f"max_body must be a positive number of bytes, not {shown(max_body)}",
                               option="max_body")
         self.max_body = max_body
+        try:
+            self.store = ResponseStore(store_entries, store_age)
+        except ValueError as e:
+            raise OptionError(str(e), option="store_entries" if "entries" in str(e) else "store_age") from None
         self.template = template
         self.binding = template.bind(tokenizer)
         self.vocab: Vocabulary = self.binding.vocab
@@ -195,6 +229,8 @@ class Gateway:
         """The Starlette app."""
         routes = [
             Route("/v1/chat/completions", _Endpoint(self.serve_chat), methods=["POST"]),
+            Route("/v1/responses", _Endpoint(self.serve_responses), methods=["POST"]),
+            Route("/v1/responses/{id}", self.stored_response, methods=["GET", "DELETE"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model_card, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -202,6 +238,7 @@ class Gateway:
         app = _App(routes=routes, lifespan=self._lifespan,
                    exception_handlers={HTTPException: self._http_error, Exception: self._server_error})
         app.chat = self.serve_chat
+        app.responses = self.serve_responses
         return app
 
     @contextlib.asynccontextmanager
@@ -256,15 +293,37 @@ class Gateway:
 
     async def serve_chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/chat/completions``, as an ASGI app."""
+        await self._serve(scope, receive, send, False)
+
+    async def serve_responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/responses``, as an ASGI app: the request is translated
+        to a chat completion's (:mod:`.responses`) and served on its path."""
+        await self._serve(scope, receive, send, True)
+
+    async def stored_response(self, request: Request) -> Response:
+        """``GET`` (the SDK's ``responses.retrieve``) and ``DELETE
+        /v1/responses/{id}`` of a stored response."""
+        id = request.path_params["id"]
+        if request.method == "DELETE":
+            if self.store.delete(id):
+                return _json({"id": id, "object": "response", "deleted": True})
+        else:
+            stored = self.store.get(id)
+            if stored is not None:
+                return _json(stored.response)
+        return _error(404, f"no response with id {shown(id)} is stored here", type="invalid_request_error",
+                      code="not_found")
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, responses: bool) -> None:
         try:
-            await self._chat(scope, receive, send)
+            await self._chat(scope, receive, send, responses)
         except Exception as e:  # a fault of the gateway itself, before its answer started
             log.exception("a chat completion failed")
             with contextlib.suppress(Exception):
                 await _respond(send, 500, _error_body(500, f"internal error: {type(e).__name__}: {e}",
                                                       type="server_error", code=500))
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _chat(self, scope: Scope, receive: Receive, send: Send, responses: bool = False) -> None:
         refused = _content_type(scope)
         if refused is not None:
             await _respond(send, *refused)
@@ -276,13 +335,15 @@ class Gateway:
         if refused is not None:
             await _respond(send, *refused)
             return
+        make = self.responses_job if responses else self.job
+        api: list[Exchange] = []
         try:
             if len(raw) > _THREAD_BODY:
-                job = await asyncio.to_thread(self.job, body)
+                job = await asyncio.to_thread(make, body, api)
             else:
-                job = self.job(body)
+                job = make(body, api)
         except XtmlError as e:
-            await _respond(send, *_request_error(e))
+            await _respond(send, *_request_error(e, api[0] if api else None))
             return
         except RecursionError:
             await _respond(send, 400, _error_body(400, "the request nests arrays and objects deeper than it can be "
@@ -321,11 +382,29 @@ class Gateway:
 
     # -- a request ---------------------------------------------------------------------
 
-    def job(self, body: Any) -> _Job:
+    def responses_job(self, body: Any, made: list[Exchange] | None = None) -> _Job:
+        """Check a Responses body and render its prompt as :meth:`job` does;
+        the request's :class:`~.responses.Exchange` is added to ``made`` as
+        soon as it exists (its errors name the request's own items)."""
+        if not isinstance(body, dict):
+            raise RequestError(f"the request must be a JSON object, not {type(body).__name__}")
+        d = self.dialect
+        chat, api = translate(body, self.store, efforts=d.efforts, thinking_off=d.thinking_off)
+        if made is not None:
+            made.append(api)
+        job = self.job(chat)
+        job.api = api
+        job.include_usage = True  # the last event's response has the usage
+        return job
+
+    def job(self, body: Any, made: list[Exchange] | None = None) -> _Job:
         """Check a chat-completions body and render its prompt; bad requests
         raise :class:`~xtml.RequestError` naming where."""
         if not isinstance(body, dict):
             raise RequestError(f"the request must be a JSON object, not {type(body).__name__}")
+        if body.get("messages") == []:
+            # OpenAI's answer too: there is nothing to answer.
+            raise RequestError("messages must hold at least one message", location="messages")
         stream = body.get("stream")
         if stream is not None and type(stream) is not bool:
             raise RequestError("stream must be true or false", location="stream")
@@ -356,12 +435,13 @@ class Gateway:
                              or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
             grammar = t.completion_grammar(body, self.tokenizer, format=self.grammar_format, unknown_keys="ignore")
         gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
-        return _Job(gen, o.thinking, bool(stream), bool(include_usage))
+        legacy = bool(body.get("functions")) and not body.get("tools")
+        return _Job(gen, o.thinking, bool(stream), bool(include_usage), legacy=legacy)
 
     async def _complete(self, job: _Job, receive: Receive, send: Send) -> None:
         watch = _Watch(receive)
         try:
-            out = await self.backend.generate(job.gen)
+            outs = await self.backend.generate_n(job.gen)
         except BackendError as e:
             watch.stop()
             await _respond(send, *_backend_error(e))
@@ -372,28 +452,43 @@ class Gateway:
                 raise
             return  # nobody is listening
         watch.stop()
-        ids, finish = out.ids, out.finish_reason
-        limit = job.gen.params.get("max_tokens")
-        if limit is not None and len(ids) > limit:
-            # An engine that generated past the limit asked for: what it
-            # asked for is the answer, cut off there.
-            ids, finish = ids[:limit], "length"
-        try:
-            parsed = self.template.parse(ids, self.tokenizer, completion=True, lenient=True, thinking=job.thinking,
-                                         max_chars=max(len(ids), 1))
-        except XtmlError as e:
-            await _respond(send, 502, _error_body(502, f"the backend's ids cannot be read: {e}",
-                                                  type="backend_error", code="backend_invalid_response"))
+        choices: list[Shaped] = []
+        generated = reasoning = 0
+        for out in outs:
+            ids, finish = out.ids, out.finish_reason
+            limit = job.gen.params.get("max_tokens")
+            if limit is not None and len(ids) > limit:
+                # An engine that generated past the limit asked for: what it
+                # asked for is the answer, cut off there.
+                ids, finish = ids[:limit], "length"
+            try:
+                parsed = self.template.parse(ids, self.tokenizer, completion=True, lenient=True,
+                                             thinking=job.thinking, max_chars=max(len(ids), 1))
+            except XtmlError as e:
+                await _respond(send, 502, _error_body(502, f"the backend's ids cannot be read: {e}",
+                                                      type="backend_error", code="backend_invalid_response"))
+                return
+            shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length")
+            stop = job.gen.params.get("stop")
+            if stop:
+                shaped = StopSequences(stop).message(shaped, len(ids))
+            choices.append(shaped)
+            generated += len(ids)
+            reasoning += self.template.reasoning_tokens(ids, self.tokenizer, thinking=job.thinking)
+        # Usage as OpenAI counts n choices: the prompt once, every choice's tokens.
+        completion = chat_completion(choices, model=self.model, prompt_tokens=len(job.gen.prompt),
+                                     completion_tokens=generated, reasoning_tokens=reasoning)
+        if job.api is not None:
+            await _respond(send, 200, dumps(job.api.whole(completion)))
             return
-        shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length")
-        stop = job.gen.params.get("stop")
-        if stop:
-            shaped = StopSequences(stop).message(shaped, len(ids))
-        completion = chat_completion(shaped, model=self.model, prompt_tokens=len(job.gen.prompt),
-                                     completion_tokens=len(ids))
+        if job.legacy:
+            completion = FunctionCalls().completion(completion)
         await _respond(send, 200, dumps(completion))
 
     async def _stream(self, job: _Job, receive: Receive, send: Send) -> None:
+        if job.gen.params.get("n", 1) > 1:
+            await self._stream_n(job, receive, send)
+            return
         pieces = self.backend.stream(job.gen)
         watch = _Watch(receive)
         try:
@@ -433,9 +528,23 @@ class Gateway:
         sse = SSE(chunks)
         stop = job.gen.params.get("stop")
         stops = StopSequences(stop) if stop else None
+        api = job.api
+        legacy = FunctionCalls() if job.legacy else None
 
         def encode(cs: list[dict[str, Any]]) -> list[str]:
-            return [sse(c) for c in (stops.chunks(cs, n) if stops is not None else cs)]
+            if stops is not None:
+                cs = stops.chunks(cs, n)
+            if api is not None:
+                return api.events(cs)
+            if legacy is not None:
+                cs = [legacy.chunk(c) for c in cs]
+            return [sse(c) for c in cs]
+
+        def failed(message: str, *, type: str, code: str | int | None) -> str:
+            return api.error_event(message, code) if api is not None else _error_event(message, type=type, code=code)
+
+        if api is not None:
+            api.source = chunks
 
         n = 0
         out = encode(chunks.feed(()))
@@ -494,7 +603,7 @@ class Gateway:
                 piece = await anext(pieces, None)
         except BackendError as e:
             if chunks.finish_reason is None:
-                out.append(_error_event(str(e), type="backend_error", code=e.code))
+                out.append(failed(str(e), type="backend_error", code=e.code))
                 watch.stop()
                 await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
                 return False
@@ -504,16 +613,148 @@ class Gateway:
             raise  # the client went away
         except Exception as e:  # a fault of the gateway itself: the stream says so and ends
             log.exception("the stream of a chat completion failed")
-            out.append(_error_event(f"internal error: {type(e).__name__}: {e}", type="server_error", code=500))
+            out.append(failed(f"internal error: {type(e).__name__}: {e}", type="server_error", code=500))
             watch.stop()
             await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
             return False
         out += encode(chunks.feed(parser.close()))
         out += encode(chunks.close(prompt_tokens=len(job.gen.prompt), completion_tokens=n + job.gen.lost))
-        out.append(SSE_DONE)
+        if api is None:
+            out.append(SSE_DONE)  # a Responses stream ends with its response.completed event
         watch.stop()
         await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
         return early
+
+
+    async def _stream_n(self, job: _Job, receive: Receive, send: Send) -> None:
+        """A stream of ``n`` choices: each choice is read, cut and parsed as
+        the one choice of :meth:`_events` is, its chunks carrying its index."""
+        n = job.gen.params["n"]
+        gens = [one_choice(job.gen) for _ in range(n)]
+        first = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template)
+        choices = [_OneOfN(self, job, k, g, first.id, first.created) for k, g in enumerate(gens)]
+        pieces = self.backend.stream_n(job.gen, gens)
+        watch = _Watch(receive)
+        try:
+            try:
+                got = await anext(pieces, None)
+            except BackendError as e:
+                watch.stop()
+                await _respond(send, *_backend_error(e))
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            out = [sse(c) for one in choices for c in one.start()]
+            try:
+                while got is not None:
+                    for k, ids, finish in got:
+                        out += [sse(c) for c in choices[k].feed(ids, finish)]
+                    if all(one.done for one in choices):
+                        break
+                    if out:
+                        await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": True})
+                        out = []
+                    got = await anext(pieces, None)
+            except BackendError as e:
+                if not all(one.done for one in choices):
+                    out.append(_error_event(str(e), type="backend_error", code=e.code))
+                    watch.stop()
+                    await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
+                    return
+            for one in choices:
+                out += [sse(c) for c in one.close()]
+            if job.include_usage:
+                generated = sum(one.n + one.gen.lost for one in choices)
+                reasoning = sum(one.chunks.reasoning_tokens(one.n + one.gen.lost) for one in choices)
+                out.append(sse({"id": first.id, "object": "chat.completion.chunk", "created": first.created,
+                                "model": self.model, "choices": [],
+                                "usage": {"prompt_tokens": len(job.gen.prompt), "completion_tokens": generated,
+                                          "total_tokens": len(job.gen.prompt) + generated,
+                                          "completion_tokens_details": {"reasoning_tokens": reasoning}}}))
+            out.append(SSE_DONE)
+            watch.stop()
+            await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
+        except asyncio.CancelledError:
+            watch.stop()
+            if not watch.forgive():
+                raise
+        except OSError:
+            pass  # the client went away while being written to
+        finally:
+            watch.stop()
+            await pieces.aclose()
+
+
+class _OneOfN:
+    """One choice of a stream of ``n``: its parser, its chunks (with the
+    response's id), the cuts of the request's stop ids, stop sequences and
+    token limit, as :meth:`Gateway._events` makes them for one choice."""
+
+    def __init__(self, gateway: Gateway, job: _Job, index: int, gen: Generation, id: str, created: int) -> None:
+        self.index = index
+        self.gen = gen
+        self.parser = gateway.template.stream(gateway.tokenizer, thinking=job.thinking)
+        self.chunks = ChunkStream(model=gateway.model, id=id, created=created, include_usage=job.include_usage,
+                                  template=gateway.template)
+        stop = gen.params.get("stop")
+        self.stops = StopSequences(stop) if stop else None
+        self.legacy = FunctionCalls() if job.legacy else None
+        self.stop_ids = frozenset(gen.all_stop_ids())
+        self.limit = gen.params.get("max_tokens")
+        self.n = 0
+        self.lost = 0
+        self.done = False
+        self.closed = False
+
+    def _out(self, cs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.stops is not None:
+            cs = self.stops.chunks(cs, self.n)
+        for c in cs:
+            for choice in c["choices"]:
+                choice["index"] = self.index
+        if self.legacy is not None:
+            cs = [self.legacy.chunk(c) for c in cs]
+        return cs
+
+    def start(self) -> list[dict[str, Any]]:
+        return self._out(self.chunks.feed(()))
+
+    def feed(self, ids: list[int], finish: str | None) -> list[dict[str, Any]]:
+        if self.done:
+            return []
+        gen = self.gen
+        if gen.lost > self.lost:
+            self.chunks.note(_lost(gen.lost - self.lost, gen.lost_at if not self.lost else self.n))
+            self.lost = gen.lost
+        out: list[dict[str, Any]] = []
+        stopped = False
+        if ids:
+            if self.chunks.finish_reason is not None:
+                self.done = True  # what the model writes after its message is not read
+                return out
+            if not self.stop_ids.isdisjoint(ids):
+                ids = ids[:next(k for k, t in enumerate(ids) if t in self.stop_ids) + 1]
+                stopped = True
+            if self.limit is not None and self.n + gen.lost + len(ids) > self.limit:
+                ids = ids[:max(0, self.limit - self.n - gen.lost)]
+                finish, stopped = "length", False
+            self.n += len(ids)
+            out += self._out(self.chunks.feed(self.parser.feed_many(ids)))
+        if finish is not None:
+            self.chunks.cut_by = "stop" if finish == "stop" else "length"
+            self.done = True
+        elif stopped:
+            self.chunks.cut_by = "stop"
+            self.done = True
+        elif self.chunks.finish_reason is not None:
+            self.done = True
+        return out
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.closed:
+            return []
+        self.closed = True
+        self.done = True
+        return self._out(self.chunks.feed(self.parser.close()))
 
 
 async def _too_large(send: Send, limit: int) -> None:
@@ -698,12 +939,18 @@ class _App(Starlette):
     endpoint handles its own errors."""
 
     chat: Callable[[Scope, Receive, Send], Awaitable[None]]
+    responses: Callable[[Scope, Receive, Send], Awaitable[None]]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
-            scope["app"] = self
-            await self.chat(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["method"] == "POST":
+            if scope["path"] == "/v1/chat/completions":
+                scope["app"] = self
+                await self.chat(scope, receive, send)
+                return
+            if scope["path"] == "/v1/responses":
+                scope["app"] = self
+                await self.responses(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 

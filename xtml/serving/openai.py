@@ -82,6 +82,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SSE_DONE",
     "ChunkStream",
+    "FunctionCalls",
     "Shaped",
     "StopSequences",
     "chat_completion",
@@ -247,13 +248,17 @@ def shape_message(parsed: Mapping[str, Any], *, stop_reason: str | None = None,
     return _shape(parsed, cut, lambda k: make(), 0, cut_by)
 
 
-def _usage(prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, int] | None:
+def _usage(prompt_tokens: int | None, completion_tokens: int | None,
+           reasoning_tokens: int | None = None) -> dict[str, Any] | None:
     if prompt_tokens is None and completion_tokens is None:
         return None
     if prompt_tokens is None or completion_tokens is None:
         raise TypeError("usage needs both prompt_tokens and completion_tokens")
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def _choice(index: int, shaped: Shaped) -> dict[str, Any]:
@@ -264,10 +269,12 @@ def _choice(index: int, shaped: Shaped) -> dict[str, Any]:
 def chat_completion(parsed: Mapping[str, Any] | Shaped | Sequence[Mapping[str, Any] | Shaped], *, model: str,
                     id: str | None = None, created: int | None = None, prompt_tokens: int | None = None,
                     completion_tokens: int | None = None, stop_reason: str | None = None,
-                    ids: Callable[[], str] | None = None) -> dict[str, Any]:
+                    ids: Callable[[], str] | None = None, reasoning_tokens: int | None = None) -> dict[str, Any]:
     """A whole ``chat.completion`` object: ``parsed`` as :func:`shape_message`
     takes it (or already shaped), or a list of them, one choice each (``n``).
-    ``usage`` is there when the token counts are given."""
+    ``usage`` is there when the token counts are given, with
+    ``completion_tokens_details.reasoning_tokens`` when that is given
+    (:meth:`xtml.Template.reasoning_tokens` counts it)."""
     items: list[Mapping[str, Any] | Shaped] = [parsed] if isinstance(parsed, Shaped | Mapping) else list(parsed)
     choices = []
     for k, p in enumerate(items):
@@ -276,7 +283,7 @@ def chat_completion(parsed: Mapping[str, Any] | Shaped | Sequence[Mapping[str, A
     out: dict[str, Any] = {"id": id or new_completion_id(), "object": "chat.completion",
                            "created": int(time.time()) if created is None else created, "model": model,
                            "choices": choices}
-    usage = _usage(prompt_tokens, completion_tokens)
+    usage = _usage(prompt_tokens, completion_tokens, reasoning_tokens)
     if usage is not None:
         out["usage"] = usage
     return out
@@ -500,6 +507,11 @@ class ChunkStream:
         content = d.channel_tag("content") if d is not None else "response"
         self._fields: dict[str | None, str] = {
             tag: field for tag, field in ((reasoning, "reasoning_content"), (content, "content")) if tag is not None}
+        # Where the reasoning channel was opened and closed: the usage's
+        # reasoning_tokens.
+        self._reasoning_tag = reasoning
+        self._reasoning_open = False
+        self._reasoning_end: int | None = None
         self._base: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                                       "model": model}
         if include_usage:
@@ -552,7 +564,9 @@ class ChunkStream:
         shaped = self._ended()
         return chat_completion(Shaped(shaped.message, shaped.finish_reason, self._diags), model=self.model,
                                id=self.id, created=self.created, prompt_tokens=prompt_tokens,
-                               completion_tokens=completion_tokens)
+                               completion_tokens=completion_tokens,
+                               reasoning_tokens=None if completion_tokens is None
+                               else self.reasoning_tokens(completion_tokens))
 
     def _ended(self) -> Shaped:
         if self._shaped is None:
@@ -603,8 +617,23 @@ class ChunkStream:
                     c.final = fn["arguments"]
             elif t == "message_end":
                 self._message_end(out, e)
+            elif t == "channel_start":
+                if e.channel == self._reasoning_tag:
+                    self._reasoning_open = True
+            elif t == "channel_end":
+                if e.channel == self._reasoning_tag and self._reasoning_end is None:
+                    self._reasoning_end = e.offset + 1
         self._seal()
         return out
+
+    def reasoning_tokens(self, completion_tokens: int) -> int:
+        """How many of the ``completion_tokens`` ids were reasoning: up to
+        and with the reasoning channel's close, all of them when it never
+        closed, none when it never opened (as
+        :meth:`xtml.Template.reasoning_tokens` counts a whole answer's)."""
+        if self._reasoning_end is not None:
+            return min(self._reasoning_end, completion_tokens)
+        return completion_tokens if self._reasoning_open else 0
 
     def close(self, *, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> list[dict[str, Any]]:
         """The end of the response: the usage chunk (``choices`` empty) when
@@ -612,7 +641,8 @@ class ChunkStream:
         self._ended()
         if self._closed or not self.include_usage:
             return []
-        usage = _usage(prompt_tokens, completion_tokens)
+        usage = _usage(prompt_tokens, completion_tokens,
+                       None if completion_tokens is None else self.reasoning_tokens(completion_tokens))
         if usage is None:
             raise TypeError("include_usage needs prompt_tokens and completion_tokens")
         self._closed = True
@@ -776,3 +806,54 @@ class ChunkStream:
         final = self._chunk({}, shaped.finish_reason)
         final["choices"][0]["xtml_diagnostics"] = list(self._diags)
         out.append(final)
+
+
+class FunctionCalls:
+    """Answers to a request that declared its tools as the deprecated
+    ``functions``, in that API's shape: the call is the message's
+    ``function_call`` (``{"name", "arguments"}``, no id), and a finish reason
+    of ``tool_calls`` is ``function_call``. That shape holds one call: a
+    further one is left out, with a diagnostic ``dropped-call`` naming it.
+    One object per response; :meth:`completion` shapes a whole answer,
+    :meth:`chunk` each chunk of a stream, in order."""
+
+    __slots__ = ("dropped",)
+
+    def __init__(self) -> None:
+        self.dropped: dict[int, str] = {}
+
+    def _diag(self, index: int, name: str) -> dict[str, Any]:
+        return {"kind": "dropped-call", "offset": 0, "index": index, "name": name,
+                "message": f"tool call {index} ({name!r}) is left out: the deprecated functions API answers with "
+                           "one function_call"}
+
+    def completion(self, completion: dict[str, Any]) -> dict[str, Any]:
+        for choice in completion["choices"]:
+            m = choice["message"]
+            calls = m.pop("tool_calls", None)
+            if calls:
+                m["function_call"] = dict(calls[0]["function"])
+                choice.setdefault("xtml_diagnostics", []).extend(
+                    self._diag(k, c["function"]["name"]) for k, c in enumerate(calls) if k)
+            if choice["finish_reason"] == "tool_calls":
+                choice["finish_reason"] = "function_call"
+        return completion
+
+    def chunk(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            calls = delta.pop("tool_calls", None)
+            for tc in calls or ():
+                fn = tc.get("function") or {}
+                if tc.get("index", 0) == 0:
+                    piece = {k: fn[k] for k in ("name", "arguments") if k in fn and (k == "name" or fn[k])}
+                    if "name" in piece or "arguments" in piece:
+                        delta["function_call"] = piece
+                elif "name" in fn:
+                    self.dropped[tc["index"]] = fn["name"]
+            if choice["finish_reason"] is not None:
+                if choice["finish_reason"] == "tool_calls":
+                    choice["finish_reason"] = "function_call"
+                choice.setdefault("xtml_diagnostics", []).extend(
+                    self._diag(k, name) for k, name in sorted(self.dropped.items()))
+        return chunk

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .framing import Backend, BackendError, Generation, Output, Piece, dumps, sampling
+from .framing import Backend, BackendError, Choice, Generation, Output, Piece, dumps, one_choice, sampling
 from .llamacpp import LlamaCpp, cut_into_tokens
 from .sglang import SGLang
 from .vllm import VLLM
@@ -24,6 +24,7 @@ __all__ = [
     "VLLM",
     "Backend",
     "BackendError",
+    "Choice",
     "Generation",
     "LlamaCpp",
     "Output",
@@ -31,6 +32,7 @@ __all__ = [
     "SGLang",
     "cut_into_tokens",
     "dumps",
+    "one_choice",
     "sampling",
 ]
 

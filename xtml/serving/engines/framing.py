@@ -21,6 +21,7 @@ once, so that a read's events are parsed in one pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -35,11 +36,13 @@ from ..client import Client, ConnectError, ProtocolError, Response, Timeout, Tra
 
 __all__ = [
     "MAX_LOGIT_BIAS",
+    "MAX_N",
     "MAX_STOP",
     "MAX_STOP_CHARS",
     "MAX_STOP_IDS",
     "Backend",
     "BackendError",
+    "Choice",
     "EventReader",
     "Generation",
     "Output",
@@ -48,6 +51,7 @@ __all__ = [
     "checked_ids",
     "dumps",
     "garbage",
+    "one_choice",
     "sampling",
     "status_error",
     "transport_error",
@@ -157,6 +161,8 @@ MAX_STOP_IDS = 64
 """Ids in ``stop_token_ids``."""
 MAX_LOGIT_BIAS = 300
 """Entries in ``logit_bias``."""
+MAX_N = 16
+"""Choices in ``n``: each is generated, read and parsed."""
 
 _NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _INTS = ("top_k", "seed", "max_tokens", "min_tokens")
@@ -170,10 +176,10 @@ def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
     ``max_completion_tokens`` (which wins) and ``max_tokens`` are one
     ``max_tokens``. Lists are bounded (:data:`MAX_STOP` sequences of
     :data:`MAX_STOP_CHARS` characters, :data:`MAX_STOP_IDS` stop ids,
-    :data:`MAX_LOGIT_BIAS` biases). Fields left out or null are not in the result. One
-    choice only (``n`` 1), and no log probabilities: the gateway cannot
-    return them, and silently dropping them would answer something else
-    than was asked. Bad values raise :class:`RequestError` naming the
+    :data:`MAX_LOGIT_BIAS` biases). Fields left out or null are not in the result.
+    ``n`` (1 to :data:`MAX_N`) is there when above 1. No log probabilities:
+    the gateway cannot return them, and silently dropping them would answer
+    something else than was asked. Bad values raise :class:`RequestError` naming the
     field."""
     out: dict[str, Any] = {}
     for k in _NUMBERS:
@@ -258,8 +264,11 @@ def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
         if bias:
             out["logit_bias"] = dict(bias)
     n = body.get("n")
-    if n is not None and n != 1:
-        raise RequestError("this server returns one choice: n must be 1", location="n")
+    if n is not None:
+        if type(n) is not int or not 1 <= n <= MAX_N:
+            raise RequestError(f"n must be a whole number from 1 to {MAX_N}", location="n")
+        if n > 1:
+            out["n"] = n
     if body.get("logprobs") or body.get("top_logprobs"):
         raise RequestError("this server returns no log probabilities", location="logprobs")
     return out
@@ -311,6 +320,15 @@ class Output:
 Piece = tuple[list[int], "str | None"]
 """What a stream gives per event: the new ids and, at the end, the finish
 reason."""
+Choice = tuple[int, list[int], "str | None"]
+"""What a stream of ``n`` choices gives per event: the choice's index, its
+new ids and, at its end, its finish reason."""
+
+
+def one_choice(gen: Generation) -> Generation:
+    """``gen`` asking for one choice (one of the ``n`` requests of an engine
+    without ``n``; the state of one choice of a stream)."""
+    return dataclasses.replace(gen, params={k: v for k, v in gen.params.items() if k != "n"}, lost=0, lost_at=0)
 
 
 def checked_ids(v: Any, size: int, where: str) -> list[int]:
@@ -350,6 +368,9 @@ class Backend:
     lacks: ClassVar[tuple[str, ...]] = ()
     """Sampling fields the engine has no counterpart for: a request that
     sets one is refused rather than answered as if it had not."""
+    takes_n: ClassVar[bool] = False
+    """Whether one request asks the engine for ``n`` choices (else the
+    gateway sends ``n`` requests)."""
 
     def __init__(self, url: str, *, model: str | None = None, timeout: float = 600.0) -> None:
         self.url = url.rstrip("/")
@@ -382,6 +403,14 @@ class Backend:
         """What reads the events of one streamed answer."""
         raise NotImplementedError
 
+    def read_n(self, data: Any, gen: Generation, n: int) -> list[Output]:
+        """The ``n`` choices of a whole answer, in order (kinds that take ``n``)."""
+        raise NotImplementedError
+
+    def index_of(self, data: Any) -> int:
+        """Which choice a stream's event is of (kinds that take ``n``)."""
+        raise NotImplementedError
+
     # -- calls -------------------------------------------------------------------------
 
     async def _ready(self) -> None:
@@ -393,6 +422,19 @@ class Backend:
 
     async def generate(self, gen: Generation) -> Output:
         """The whole answer to ``gen``."""
+        return self.read(await self._answer(gen), gen)
+
+    async def generate_n(self, gen: Generation) -> list[Output]:
+        """The ``n`` choices of the whole answer to ``gen``: one request for
+        them all when the engine takes ``n``, else ``n`` requests at once."""
+        n = gen.params.get("n", 1)
+        if n == 1:
+            return [await self.generate(gen)]
+        if self.takes_n:
+            return self.read_n(await self._answer(gen), gen, n)
+        return list(await asyncio.gather(*(self.generate(one_choice(gen)) for _ in range(n))))
+
+    async def _answer(self, gen: Generation) -> Any:
         if not self.ready:
             await self._ready()
         try:
@@ -408,7 +450,7 @@ class Backend:
             raise garbage(f"not JSON: {content[:200]!r}", "body") from None
         if isinstance(data, Mapping) and data.get("error"):
             raise BackendError(f"the backend failed: {_message(data)}", code="backend_error")
-        return self.read(data, gen)
+        return data
 
     async def stream(self, gen: Generation) -> AsyncGenerator[Piece, None]:
         """The answer to ``gen`` as it is generated: ``(new ids, finish
@@ -455,6 +497,67 @@ class Backend:
             else:
                 resp.close()
 
+    async def stream_n(self, gen: Generation, choices: list[Generation]) -> AsyncGenerator[list[Choice], None]:
+        """The ``n`` choices of the answer to ``gen`` as they are generated,
+        each read with its own state (``choices``, one :func:`one_choice`
+        each): one stream when the engine takes ``n`` (its events say which
+        choice they are of), else ``n`` streams at once. Each item holds the
+        pieces that had arrived, as ``(index, new ids, finish reason)``; a
+        choice's last piece has its finish reason."""
+        if not self.takes_n:
+            async for pieces in _merged([self.stream(c) for c in choices]):
+                yield pieces
+            return
+        readers = [self.reader(c) for c in choices]
+        if not self.ready:
+            await self._ready()
+        try:
+            resp = await self.client.send("POST", self.path, dumps(self.body(gen, True)))
+        except TransportError as e:
+            raise transport_error(e, self.url) from None
+        ended = False
+        finished: set[int] = set()
+        try:
+            if resp.status != 200:
+                raise status_error(resp.status, await _read_capped(resp), self.url)
+            events = EventSplitter()
+            while True:
+                try:
+                    chunk = await resp.read()
+                except TransportError as e:
+                    raise transport_error(e, self.url) from None
+                got: list[Choice] = []
+                for raw in events.feed(chunk) if chunk else events.end():
+                    data = _decode(raw)
+                    if data is None:
+                        ended = True
+                        break
+                    k = self.index_of(answer_object(data, "stream"))
+                    if not 0 <= k < len(readers):
+                        raise garbage(f"an event of choice {k} of {len(readers)}", "stream")
+                    if k in finished:
+                        continue
+                    piece = readers[k].read(data)
+                    if piece is None:
+                        continue
+                    got.append((k, *piece))
+                    if piece[1] is not None or readers[k].done:
+                        finished.add(k)
+                if got:
+                    yield got
+                if ended or len(finished) == len(readers):
+                    ended = True
+                    return
+                if not chunk:
+                    break
+            raise BackendError("the backend's stream ended before the engine said it finished",
+                               code="backend_connection_lost")
+        finally:
+            if ended:
+                await resp.finish(min(_FINISH, self.client.timeout))
+            else:
+                resp.close()
+
     async def health(self) -> None:
         """Raise :class:`BackendError` unless the engine says it is ready."""
         try:
@@ -464,6 +567,33 @@ class Backend:
         if status != 200:
             raise BackendError(f"the backend is not ready: {self.health_path} answered {status}",
                                status=503, code="backend_not_ready")
+
+
+async def _merged(streams: list[AsyncGenerator[Piece, None]]) -> AsyncGenerator[list[Choice], None]:
+    """Several streams as one, each piece with its stream's index, in the
+    order they arrive; closing it closes them all."""
+    waiting = {asyncio.ensure_future(anext(s)): k for k, s in enumerate(streams)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            got: list[Choice] = []
+            for task in sorted(done, key=waiting.__getitem__):
+                k = waiting.pop(task)
+                try:
+                    ids, finish = task.result()
+                except StopAsyncIteration:
+                    continue
+                got.append((k, ids, finish))
+                if finish is None:
+                    waiting[asyncio.ensure_future(anext(streams[k]))] = k
+            if got:
+                yield got
+    finally:
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        for s in streams:
+            await s.aclose()
 
 
 def dumps(body: Any) -> bytes:

@@ -28,7 +28,7 @@ _SGLANG_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_
                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                   "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens",
                   "min_tokens": "min_new_tokens", "stop": "stop", "ignore_eos": "ignore_eos",
-                  "seed": "sampling_seed", "logit_bias": "logit_bias"}
+                  "seed": "sampling_seed", "logit_bias": "logit_bias", "n": "n"}
 
 
 class SGLang(Backend):
@@ -36,6 +36,13 @@ class SGLang(Backend):
 
     kind = "sglang"
     path = "/generate"
+    # sampling_params.n asks for a parallel sample: the whole answer is the
+    # list of the n outputs, and each event of a stream one output with
+    # "index" set to its choice (sglang/srt/managers/tokenizer_manager.py,
+    # _handle_batch_request: "outputs = await
+    # self._collect_batch_responses(generators); yield outputs", and
+    # _stream_batch_responses: 'result["index"] = rid_to_index[...]').
+    takes_n = True
 
     def body(self, gen: Generation, stream: bool) -> dict[str, Any]:
         # max_new_tokens is 128 when left out (SamplingParams), but null is
@@ -67,6 +74,17 @@ class SGLang(Backend):
 
     def reader(self, gen: Generation) -> EventReader:
         return _SGLangReader(gen)
+
+    def read_n(self, data: Any, gen: Generation, n: int) -> list[Output]:
+        if not isinstance(data, list) or len(data) != n:
+            raise garbage(f"expected a list of {n} answers", "body")
+        return [self.read(d, gen) for d in data]
+
+    def index_of(self, data: Any) -> int:
+        k = data.get("index", 0)
+        if type(k) is not int:
+            raise garbage("an index that is not a number", "index")
+        return k
 
 
 def _sglang_finish(v: Any) -> str | None:

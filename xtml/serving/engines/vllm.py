@@ -39,7 +39,7 @@ __all__ = ["VLLM"]
 
 # Sampling fields vLLM's CompletionRequest takes under the same names.
 _VLLM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                "repetition_penalty", "seed", "max_tokens", "min_tokens", "stop", "ignore_eos", "logit_bias")
+                "repetition_penalty", "seed", "max_tokens", "min_tokens", "stop", "ignore_eos", "logit_bias", "n")
 
 
 class VLLM(Backend):
@@ -47,6 +47,12 @@ class VLLM(Backend):
 
     kind = "vllm"
     path = "/v1/completions"
+    # CompletionRequest.n: "n: int = 1"; the answer has n choices, each with
+    # its index, and a stream's chunks carry the index of the choice they
+    # are of (vllm/entrypoints/openai/serving_completion.py,
+    # completion_stream_generator: "choices=[CompletionResponseStreamChoice(
+    # index=i, ...)]").
+    takes_n = True
 
     def __init__(self, url: str, *, model: str | None = None, timeout: float = 600.0) -> None:
         super().__init__(url, model=model, timeout=timeout)
@@ -117,6 +123,22 @@ class VLLM(Backend):
 
     def reader(self, gen: Generation) -> EventReader:
         return _VLLMReader(gen)
+
+    def read_n(self, data: Any, gen: Generation, n: int) -> list[Output]:
+        choices = answer_object(data, "body").get("choices")
+        if not isinstance(choices, list) or len(choices) != n or not all(isinstance(c, Mapping) for c in choices):
+            raise garbage(f"expected {n} choices", "choices")
+        by = {c.get("index"): c for c in choices}
+        if sorted(by, key=str) != sorted(range(n), key=str):
+            raise garbage(f"the choices' indices are not 0 to {n - 1}", "choices")
+        return [self.read({"choices": [by[k]]}, gen) for k in range(n)]
+
+    def index_of(self, data: Any) -> int:
+        c = _vllm_choice(data)
+        k = c.get("index", 0) if c is not None else 0
+        if type(k) is not int:
+            raise garbage("a choice index that is not a number", "choices[0].index")
+        return k
 
 
 def _vllm_choice(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
