@@ -27,9 +27,10 @@ LAYERS: dict[str, int] = {
     "exports": 6,
     "vllm": 6,
     "testing": 6,
-    "cli": 7,
-    "__init__": 8,
-    "__main__": 8,
+    "playground": 7,  # the page over the gateway's OpenAI shapes and HTTP limits
+    "cli": 8,
+    "__init__": 9,
+    "__main__": 9,
 }
 
 

@@ -9,14 +9,11 @@ highlighted. Colour only when the output is a terminal.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from ..markup.nodes import Element, Embed, EndOfMessage, Node, Text
-from ..markup.segments import Segment, close_tag, open_tag
 from ..template import Template
-from ..vocab.binding import Binding
 
 __all__ = ["Token", "tokens", "write"]
 
@@ -34,42 +31,15 @@ class Token:
     """Element names from the message down to the token's element."""
 
 
-def _segments(node: Node, path: tuple[str, ...], b: Binding) -> Iterator[tuple[Segment, tuple[str, ...]]]:
-    m = b.markers
-    if isinstance(node, Text):
-        if node.text:
-            yield Segment(node.text, False), path
-    elif isinstance(node, Embed):
-        yield Segment(node.raw, True), path
-    elif isinstance(node, EndOfMessage):
-        yield Segment(m.end, True), path
-    elif isinstance(node, Element):
-        inner = (*path, node.tag)
-        for s in open_tag(node, m):
-            yield s, inner
-        for c in node.children:
-            yield from _segments(c, inner, b)
-        if node.closed:
-            for s in close_tag(node.tag, m):
-                yield s, inner
-
-
 def tokens(template: Template, request: Any, tokenizer: Any, **options: Any) -> list[Token]:
     """Every token of a rendered request with its message and element path.
     The ids are those of :meth:`Template.encode`: each segment encodes on its
     own, so encoding segment by segment gives the same ids, attributed."""
     b = template.bind(tokenizer)
-    doc = template.document(request, **options)
     out: list[Token] = []
-    message = -1
-    for node in doc.nodes:
-        if isinstance(node, Element):
-            message += 1
-        for seg, path in _segments(node, (), b):
-            for t in b.encode_segments([seg]):
-                marker = t in b.kind_of_id
-                piece = b.vocab.decode([t])
-                out.append(Token(len(out), t, piece, marker, max(message, 0), path))
+    for ids, message, path in b.attributed(template.document(request, **options)):
+        for t in ids:
+            out.append(Token(len(out), t, b.vocab.decode([t]), t in b.kind_of_id, message, path))
     return out
 
 

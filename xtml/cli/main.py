@@ -20,7 +20,7 @@ from ..errors import ParseError, XtmlError
 from ..template import Rendered, Template, load
 from ..vocab.load import load_tokenizer
 from ..vocab.vocabulary import Vocabulary
-from . import dataset, export, serve
+from . import dataset, export, playground, serve
 from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input, require
 from .output import Output, UsageError
 
@@ -224,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     dataset.add_commands(sub)
     export.add_commands(sub)
     serve.add_commands(sub)
+    playground.add_commands(sub)
     return ap
 
 
@@ -531,6 +532,8 @@ def _run(args: argparse.Namespace) -> int:
         code = export.run(args, out)
     elif args.command in serve.COMMANDS:
         code = serve.run(args, out)
+    elif args.command in playground.COMMANDS:
+        code = playground.run(args, out)
     else:
         code = _fuzz(args, out)
     if isinstance(out, io.StringIO):

@@ -40,7 +40,10 @@ EPILOG = """examples:
 
 Then point any OpenAI client at http://127.0.0.1:8000/v1. The gateway renders each request to token
 ids with the template, sends the ids to the engine, and parses the ids that come back (streamed or
-whole) into OpenAI objects. A request that names a tool in tool_choice, sets it to "required", or
+whole) into OpenAI objects: chat completions, or the Responses API (POST /v1/responses, whose
+previous_response_id is served from the responses kept in this process).
+
+A request that names a tool in tool_choice, sets it to "required", or
 asks for a response_format, or sets tool_choice to "none" while declaring tools, also sends the
 engine the grammar of the completion, unless --no-grammar: llguidance Lark for vllm and sglang (the
 engine needs its llguidance backend), GBNF for llamacpp (--grammar-format llguidance for a llama.cpp
@@ -56,8 +59,9 @@ def add_commands(sub: Any) -> None:
     """Add ``serve`` to the ``xtml`` parser."""
     s = sub.add_parser("serve", help="an OpenAI-compatible chat endpoint in front of an engine that takes token ids "
                                      "(vLLM, SGLang, llama.cpp)",
-                       description="Serve POST /v1/chat/completions (streamed and not), GET /v1/models and "
-                                   "GET /health, rendering and parsing with an XTML template on token ids.",
+                       description="Serve POST /v1/chat/completions and POST /v1/responses (streamed and "
+                                   "not), GET /v1/models and GET /health, rendering and parsing with an XTML "
+                                   "template on token ids.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--backend", required=True, metavar="URL",
                    help="the engine's base URL, e.g. http://127.0.0.1:8001")
@@ -68,7 +72,7 @@ def add_commands(sub: Any) -> None:
                    help="add the template's markers to the tokenizer as special tokens first (a model "
                         "fine-tuned on XTML from a base tokenizer)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    s.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000; 0: any free one)")
+    s.add_argument("--port", type=port_number, default=8000, help="port to listen on (default: 8000; 0: any free one)")
     s.add_argument("--backend-kind", choices=KINDS, default="vllm",
                    help="the engine's API: vllm (POST /v1/completions, default), sglang (POST /generate) or "
                         "llamacpp (POST /completion)")
@@ -103,11 +107,18 @@ def add_commands(sub: Any) -> None:
                              "connection closed")
     limits.add_argument("--max-connections", type=_count, default=1000, metavar="N",
                         help="most connections open at once (default: 1000); one more is answered 503 and closed")
+    store = s.add_argument_group("responses", "The Responses API (POST /v1/responses) keeps each response made "
+                                              "with store true (the default, as OpenAI's) in this process, for a "
+                                              "later request's previous_response_id")
+    store.add_argument("--store-entries", type=_entries, default=1000, metavar="N",
+                       help="most responses kept (default: 1000; the oldest goes first; 0: none)")
+    store.add_argument("--store-age", type=_seconds, default=3600.0, metavar="SECONDS",
+                       help="longest time a response is kept (default: 3600)")
     s.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default: info)")
 
 
-def _port(s: str) -> int:
+def port_number(s: str) -> int:
     # The socket layer takes a port modulo 65536: 70000 would listen on 4464.
     try:
         v = int(s)
@@ -141,6 +152,16 @@ def _size(s: str) -> int:
     if not 1 <= v < 1 << 62:
         raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, not {s!r}")
     return int(v)
+
+
+def _entries(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {s!r}")
+    return v
 
 
 def _count(s: str) -> int:
@@ -177,13 +198,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     tpl.bind(vocab)
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
                      timeout=args.backend_timeout, grammar=args.grammar,
-                     grammar_format=args.grammar_format, max_body=args.max_body)
+                     grammar_format=args.grammar_format, max_body=args.max_body,
+                     store_entries=args.store_entries, store_age=args.store_age)
     limits = Limits(header_bytes=args.max_header_size, header_lines=args.max_header_lines,
                     header_timeout=args.header_timeout, body_idle=args.body_timeout,
                     connections=args.max_connections)
     # Listening before uvicorn starts: an address in use or a host that is
     # not this machine's is one line, not uvicorn's log and exit status.
-    socks = _listen(args.host, args.port)
+    socks = listen(args.host, args.port)
     host, port = socks[0].getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"xtml serve: http://{shown}:{port}/v1 in front of {args.backend_kind} at {args.backend}", file=sys.stderr,
@@ -198,7 +220,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _listen(host: str, port: int) -> list[socket.socket]:
+def listen(host: str, port: int) -> list[socket.socket]:
     """Listening sockets on every address ``host`` names (both of
     ``localhost``'s, say; all interfaces for ""), as uvicorn's own binding
     does; port 0 takes the first socket's port for the others."""

@@ -158,6 +158,42 @@ class Binding:
                 chunks[slot] = ids
         return chunks
 
+    def attributed(self, doc: Document | Sequence[Node]) -> list[tuple[list[int], int, tuple[str, ...]]]:
+        """The pieces of :meth:`chunks`, each with its message (the index of
+        the top-level element it is in, or follows) and its element path
+        (tags from the message down to the innermost element holding it):
+        each token attributed, as ``xtml inspect`` and the playground show
+        them."""
+        marks = TreeMarks()
+        chunks = self.chunks(doc, marks)
+        owner = [-1] * len(chunks)
+        paths: list[tuple[str, ...]] = []
+        tops: list[int] = []
+        message = -1
+        # Elements come in document order, so an inner one's pieces are
+        # claimed after its parent's.
+        for k, (el, rec) in enumerate(zip(marks.elements, marks.records, strict=True)):
+            parent, _, first, _, after = rec
+            if parent < 0:
+                message += 1
+                paths.append((el.tag,))
+                tops.append(message)
+            else:
+                paths.append((*paths[parent], el.tag))
+                tops.append(tops[parent])
+            for p in range(first, after):
+                owner[p] = k
+        out: list[tuple[list[int], int, tuple[str, ...]]] = []
+        last = 0
+        for p, ids in enumerate(chunks):
+            k = owner[p]
+            if k >= 0:
+                last = tops[k]
+                out.append((ids, last, paths[k]))
+            else:
+                out.append((ids, last, ()))
+        return out
+
     def _walk(self, nodes: Sequence[Node], chunks: list[list[int]], texts: list[str], slots: list[int],
               marks: TreeMarks | None, parent: int, depth: int) -> None:
         for node in nodes:

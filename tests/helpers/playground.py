@@ -1,0 +1,107 @@
+"""The playground as its tests and the screenshot script use it: the real
+``xtml playground`` command started on 127.0.0.1 (port 0), and a headless
+Chromium driven by selenium through Debian's chromedriver."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).parent.parent.parent
+STATIC = ROOT / "xtml" / "playground" / "static"
+SHOTS = ROOT / "docs" / "playground"
+"""Where the screenshots of docs/playground.md are, with screenshots.json."""
+VIEWS = ("render", "training", "parse", "stream", "grammar")
+START = 60.0
+"""Seconds the command may take to listen (the tokenizer loads first)."""
+
+
+def browser_paths() -> tuple[str, str]:
+    """Debian's chromium and chromedriver, or a skip (a failure under
+    ``CI=true``, where tests/run installs them)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        message = (f"{' and '.join(missing)} missing; to set them up: apt-get install -y chromium chromium-driver "
+                   "(tests/run does)")
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{message} (with CI=true a missing tool is an error)", pytrace=False)
+        pytest.skip(message)
+    return CHROMIUM, CHROMEDRIVER
+
+
+@contextmanager
+def playground(*args: str) -> Iterator[str]:
+    """``xtml playground --port 0 ARGS`` running; yields its base URL
+    (``http://127.0.0.1:PORT``) and stops it at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "xtml", "playground", "--port", "0", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    found = threading.Event()
+    url: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            m = re.match(r"xtml playground: (http://\S+?)/?$", line.strip())
+            if m and not url:
+                url.append(m.group(1))
+                found.set()
+        found.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        found.wait(START)
+        assert url, f"xtml playground did not start: {''.join(lines)[-2000:]}"
+        yield url[0]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+
+
+def chrome(width: int = 1400, height: int = 1000) -> Any:
+    """A headless Chromium whose console messages can be read
+    (``driver.get_log("browser")``)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = browser_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={width},{height}", "--force-device-scale-factor=1", "--lang=en-US",
+                "--no-first-run", "--disable-extensions", "--disable-background-networking"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def console_errors(driver: Any) -> list[dict[str, Any]]:
+    """The console messages of level SEVERE since the last call."""
+    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+def static_hash() -> str:
+    """What screenshots were made from: the page's files, by content."""
+    h = hashlib.sha256()
+    for f in sorted(STATIC.iterdir()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()

@@ -1,0 +1,79 @@
+"""``xtml playground``: the page that shows a chat as the model sees it
+(:mod:`xtml.playground`). Starlette and uvicorn are imported only when the
+command runs: they are the optional ``serve`` extra."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from ..template import load
+from ..vocab.load import load_tokenizer
+from .common import TOKENIZER_HELP, require
+from .serve import SERVE_MODULES, listen, port_number
+
+COMMANDS = ("playground",)
+
+EPILOG = """examples:
+  xtml playground                                   # http://127.0.0.1:8765, a small tokenizer made on the spot
+  xtml playground --tokenizer path/to/model -t kimi-k3
+  xtml playground --tokenizer tok.json --add-markers -t my-model.toml --port 9000
+
+Open the address it prints in a browser. The page renders examples/chat.json to start with: edit the
+request, pick a template (or paste one), and look at its tokens, the training mask, a parse of a
+completion, the stream replayed delta by delta, and the tokens the completion grammar allows next (with
+llguidance installed). It loads nothing from another host. It listens on 127.0.0.1 unless --host says
+otherwise: the page runs whatever templates and requests it is sent, so keep it off shared networks.
+"""
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``playground`` to the ``xtml`` parser."""
+    p = sub.add_parser("playground", help="a page in the browser that shows a chat token by token: render, "
+                                          "training mask, parse, stream, grammar",
+                       description="Serve the xtml playground: one page and the JSON API behind it.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
+                   help="the template the page opens with: a built-in name or a template file (default: kimi-k3)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help=TOKENIZER_HELP + " (default: a small byte-level BPE made on the spot, with the "
+                                         "template's markers)")
+    p.add_argument("--add-markers", action="store_true",
+                   help="add the template's markers to the tokenizer as special tokens (a base model's tokenizer)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=port_number, default=8765, help="port to listen on (default: 8765; 0: any free one)")
+    p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning",
+                   help="uvicorn's log level (default: warning)")
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the playground until interrupted; returns the exit status."""
+    require("xtml playground", "serve", *SERVE_MODULES)
+    import uvicorn
+
+    from ..playground.app import create_app
+    from ..serving.gateway import KEEP_ALIVE
+    from ..serving.limits import Limits, protocol
+
+    tpl = load(args.template)  # a bad template file is one line, before anything listens
+    vocab = None
+    if args.tokenizer:
+        vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
+        tpl.bind(vocab)
+    name = None
+    if args.tokenizer:
+        name = args.tokenizer + (" (markers added)" if args.add_markers else "")
+    app = create_app(vocab, template=args.template, tokenizer_name=name)
+    socks = listen(args.host, args.port)
+    host, port = socks[0].getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"xtml playground: http://{shown}:{port}/", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE,
+                                           http=protocol(Limits())))
+    try:
+        server.run(sockets=socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    return 0

@@ -1,0 +1,541 @@
+"""What each view of the playground shows, computed with the facade: the
+tokens of a render with where each came from, the loss mask and budget
+check, a lenient parse, a replayed stream and the grammar's next tokens.
+
+Every function takes the already-decoded JSON fields of an API call and
+returns plain JSON data; bad input raises :class:`FieldError` (an
+:class:`~xtml.XtmlError`) naming the API field, and the request's own
+location when the facade gave one.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..chat.template_file import BUILTIN, builtin_files, check_text
+from ..errors import OptionError, XtmlError
+from ..markup.nodes import Element
+from ..markup.segments import Segment
+from ..plugins.jsonfmt import BadInput, input_json
+from ..serving.openai import ChunkStream, chat_completion
+from ..template import Template, load
+from ..training import overruns, with_training_defaults
+from ..vocab.binding import Binding
+from ..vocab.vocabulary import Vocabulary
+
+__all__ = ["MAX_PAGE", "FieldError", "Session", "default_tokenizer"]
+
+MAX_PAGE = 1000
+"""Most entries of the grammar's "allowed next" list in one answer."""
+MAX_STEPS = 4000
+"""Most steps of a replayed stream in one answer (a step is one delta)."""
+
+_AT = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+class FieldError(XtmlError):
+    """A bad field of a playground API call: ``field`` names it (``request``,
+    ``completion``, ``template`` ...), ``location`` says where inside it
+    (``messages[2].role``, ``option 'thinking'``), and ``line`` and ``column``
+    where in the field's text when it is text."""
+
+    def __init__(self, msg: str, *, field: str, location: str | None = None, line: int | None = None,
+                 column: int | None = None) -> None:
+        self.field = field
+        self.line = line
+        self.column = column
+        super().__init__(msg, location=location)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"message": str(self), "type": "invalid_request_error", "field": self.field,
+                "param": self.location or self.field, "line": self.line, "column": self.column}
+
+
+def _from(e: XtmlError, field: str) -> FieldError:
+    """A facade error as the error of an API field."""
+    if isinstance(e, FieldError):
+        return e
+    where = e.option if isinstance(e, OptionError) else e.location
+    return FieldError(e.msg if hasattr(e, "msg") else str(e), field=field, location=where)
+
+
+def _json_field(text: Any, name: str) -> Any:
+    """A field holding JSON text: its value, or the message ``xtml render``
+    prints for a bad file, with the line and column."""
+    if not isinstance(text, str):
+        raise FieldError(f"{name} must be JSON text (a string), not {type(text).__name__}", field=name)
+    try:
+        return input_json(text)
+    except BadInput as e:
+        m = _AT.search(str(e))
+        raise FieldError(f"{name}: {e}", field=name, line=int(m.group(1)) if m else None,
+                         column=int(m.group(2)) if m else None) from None
+
+
+def _options(raw: Any) -> dict[str, Any]:
+    """The view's controls: render options that override the request's."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise FieldError(f"options must be an object, not {type(raw).__name__}", field="options")
+    return dict(raw)
+
+
+def default_tokenizer(template: Template) -> Vocabulary:
+    """A small byte-level BPE made on the spot, with the template's markers
+    as special tokens (as the README's example makes one): no file, no
+    network. Trained on the template file and a few chat phrases, so that
+    common words are one token and every byte still encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path = builtin_files().get(template.name) or template.dialect.path
+    corpus = [_read(str(path)) if path else "", *_PHRASES]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=2000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=list(template.markers.all())))
+    return Vocabulary(bpe, "<a byte-level BPE made on the spot>")
+
+
+_PHRASES = [
+    "You are a helpful assistant. What's the weather in Paris for the next 3 days? Sunny, then rain.",
+    "The user wants a forecast; call the weather tool. Summarise. Thanks! Should I pack an umbrella?",
+    'message role="user" role="assistant" role="system" role="tool" think response tools call argument',
+    '{"city": "Paris", "days": 3} {"forecast": ["sun", "rain", "sun"]} type object properties string',
+] * 20
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def templates() -> list[dict[str, Any]]:
+    """The built-in templates, one entry per file, with their controls."""
+    files = builtin_files()
+    seen: dict[str, dict[str, Any]] = {}
+    for name, file in BUILTIN.items():
+        if file in seen:
+            continue
+        seen[file] = {"name": name, **controls(load(name)), "path": str(files[name])}
+    return list(seen.values())
+
+
+def controls(t: Template) -> dict[str, Any]:
+    """The options the dialect offers, for the page's controls."""
+    d = t.dialect
+    return {"description": d.description, "efforts": list(d.efforts), "thinking_default": d.thinking_default,
+            "default_effort": d.default_effort}
+
+
+@dataclass
+class Session:
+    """The playground's state: the tokenizer (one for the process), the
+    template files pasted (by their text), and the llguidance tokenizer
+    once the grammar view has needed it."""
+
+    vocab: Vocabulary | None
+    """None: each template gets the small BPE of :func:`default_tokenizer`."""
+    default_template: str = "kimi-k3"
+    tokenizer_name: str = "a small byte-level BPE made on the spot"
+    _pasted: dict[str, Template] = field(default_factory=dict)
+    _made: dict[str, Vocabulary] = field(default_factory=dict)
+    _ll: dict[int, Any] = field(default_factory=dict)
+
+    # -- inputs --------------------------------------------------------------------
+
+    def template(self, raw: Any) -> Template:
+        """``{"name": ...}`` (a built-in), ``{"toml": ...}`` (a template
+        file's text, checked), or None for the default."""
+        if raw is None:
+            return load(self.default_template)
+        if not isinstance(raw, dict):
+            raise FieldError("template must be an object: {\"name\": ...} or {\"toml\": ...}", field="template")
+        if "toml" in raw:
+            text = raw["toml"]
+            if not isinstance(text, str):
+                raise FieldError("template.toml must be the template file's text", field="template")
+            t = self._pasted.get(text)
+            if t is None:
+                d, problems = check_text(text, "template.toml")
+                if d is None:
+                    p = problems[0]
+                    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                    hint = f"; {p.hint}" if p.hint else ""
+                    raise FieldError(f"{p.message}{hint}{more}", field="template", location=p.where("template.toml"),
+                                     line=p.line, column=p.column)
+                t = Template(d)
+                if len(self._pasted) >= 16:
+                    del self._pasted[next(iter(self._pasted))]
+                self._pasted[text] = t
+            return t
+        name = raw.get("name", self.default_template)
+        if not isinstance(name, str) or name not in BUILTIN:
+            raise FieldError(f"template.name must be a built-in template ({', '.join(BUILTIN)}), not "
+                             f"{str(name)[:40]!r}", field="template")
+        return load(name)
+
+    def tokenizer(self, t: Template) -> Vocabulary:
+        if self.vocab is not None:
+            return self.vocab
+        key = t.dialect.name + "\0" + "\0".join(t.markers.all())
+        v = self._made.get(key)
+        if v is None:
+            v = default_tokenizer(t)
+            if len(self._made) >= 8:
+                del self._made[next(iter(self._made))]
+            self._made[key] = v
+        return v
+
+    def binding(self, t: Template) -> Binding:
+        try:
+            return t.bind(self.tokenizer(t))
+        except XtmlError as e:
+            raise FieldError(f"the template's markers do not fit the tokenizer: {e}", field="template") from None
+
+    def completion(self, t: Template, body: Mapping[str, Any]) -> list[int]:
+        """The completion of a parse, stream or grammar call as ids: a JSON
+        array of ids (``from: "ids"``), or text whose marker strings are
+        their special ids (``from: "text"``, as the model would have made
+        them)."""
+        raw = body.get("completion", "")
+        kind = body.get("from", "text")
+        if not isinstance(raw, str):
+            raise FieldError("completion must be text (the ids as a JSON array, or the text)", field="completion")
+        vocab = self.binding(t).vocab
+        if kind == "ids":
+            data = _json_field(raw, "completion")
+            if not isinstance(data, list):
+                raise FieldError(f"completion: expected a JSON array of token ids, not {type(data).__name__}",
+                                 field="completion")
+            for k, x in enumerate(data):
+                if type(x) is not int:
+                    raise FieldError(f"completion: expected a JSON array of token ids: element {k} is "
+                                     f"{str(x)[:40]}", field="completion", location=f"[{k}]")
+                if not 0 <= x < vocab.size:
+                    raise FieldError(f"completion: token {k} is {x}, not an id of the tokenizer (0 to "
+                                     f"{vocab.size - 1})", field="completion", location=f"[{k}]")
+            if t.max_chars is not None and len(data) > t.max_chars:
+                raise FieldError(f"completion: {len(data):,} ids, more than {t.max_chars:,}", field="completion")
+            return data
+        if kind != "text":
+            raise FieldError(f"from must be \"text\" or \"ids\", not {str(kind)[:40]!r}", field="from")
+        try:
+            return t.completion_ids(raw, vocab)
+        except XtmlError as e:
+            raise _from(e, "completion") from None
+
+    def request(self, body: Mapping[str, Any]) -> tuple[Template, Any, dict[str, Any]]:
+        t = self.template(body.get("template"))
+        return t, _json_field(body.get("request"), "request"), _options(body.get("options"))
+
+    # -- render and training -------------------------------------------------------
+
+    def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Every token of the request with its id, bytes, kind and source;
+        counts per message; the marker literals of its text form; and the
+        loss mask with the budget check (or why there is none)."""
+        t, request, options = self.request(body)
+        b = self.binding(t)
+        try:
+            rendered = t.render(request, **options)
+            doc = t.document(request, **options)
+            ids = t.encode(request, b.vocab, **options)
+        except XtmlError as e:
+            raise _from(e, "request") from None
+        except RecursionError:
+            raise FieldError("the request nests arrays and objects too deeply", field="request") from None
+        toks = list(_tokens(doc, b))
+        table = b.vocab.byte_table()
+        out_tokens: list[dict[str, Any]] = []
+        for k, (tid, marker, message, path) in enumerate(toks):
+            raw = table[tid] if tid < len(table) and not marker else b.vocab.decode([tid]).encode()
+            out_tokens.append({"id": tid, "text": b.vocab.decode([tid]), "bytes": raw.hex(" "), "marker": marker,
+                               "message": message, "path": "/".join(path), "offset": k})
+        messages: dict[int, dict[str, Any]] = {}
+        for tok in out_tokens:
+            m = messages.setdefault(tok["message"], {"index": tok["message"], "tokens": 0, "role": None,
+                                                     "source": None})
+            m["tokens"] += 1
+        roles = _roles(doc, t)
+        for k, m in messages.items():
+            m["role"] = roles.get(k)
+        ambiguous = [{"offset": a.offset, "marker": a.marker, "message": a.message,
+                      "tokens": _literal_tokens(rendered.segments, a.segment, a.offset, len(a.marker), b)}
+                     for a in rendered.ambiguous]
+        result: dict[str, Any] = {
+            "template": t.name, "tokenizer": self.tokenizer_name, "ids": ids, "tokens": out_tokens,
+            "messages": list(messages.values()), "text": rendered.text, "ambiguous": ambiguous,
+            "consistent": [x["id"] for x in out_tokens] == ids,
+        }
+        result["training"] = training = self._training(t, b, request, options, ids)
+        # Which of the request's messages each rendered one is (None: one the
+        # template writes itself, or the generation prompt), from the spans.
+        for span in training.get("spans", ()):
+            if span["channel"] is None and span["start"] < len(out_tokens):
+                messages[out_tokens[span["start"]]["message"]]["source"] = span["message"]
+        return result
+
+    def _training(self, t: Template, b: Binding, request: Any, options: dict[str, Any],
+                  ids: list[int]) -> dict[str, Any]:
+        # As lint-dataset reads a row: without the generation prompt unless the
+        # request asks for it.
+        try:
+            ex = t.encode_training(with_training_defaults(request), b.vocab, **options)
+        except XtmlError as e:
+            return {"error": str(e)}
+        over = overruns(ex, t.dialect)
+        return {
+            "ids": ex.ids, "mask": list(ex.mask_bytes), "effort": ex.effort,
+            "trained": sum(ex.mask_bytes), "same_ids": ex.ids == ids[: len(ex.ids)],
+            "budgets": dict(t.dialect.training.budgets), "think_channel": t.dialect.channel_tag("reasoning"),
+            "spans": [{"message": s.message, "role": s.role, "channel": s.channel, "start": s.start, "end": s.end,
+                       "body_tokens": s.body_tokens} for s in ex.spans],
+            "overruns": [{"message": o.message, "effort": o.effort, "tokens": o.tokens, "budget": o.budget}
+                         for o in over],
+        }
+
+    # -- parse and stream ----------------------------------------------------------
+
+    def _tokens_of(self, b: Binding, ids: Sequence[int]) -> list[dict[str, Any]]:
+        table = b.vocab.byte_table()
+        return [{"id": i, "text": b.vocab.decode([i]), "marker": i in b.kind_of_id,
+                 "bytes": table[i].hex(" ") if i < len(table) else ""} for i in ids]
+
+    def parse(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A lenient parse of the completion on ids, its diagnostics with their
+        token offsets, and the ``chat.completion`` object a server returns."""
+        t = self.template(body.get("template"))
+        b = self.binding(t)
+        ids = self.completion(t, body)
+        thinking = _thinking(body)
+        try:
+            parsed = t.parse(ids, b.vocab, completion=True, lenient=True, thinking=thinking)
+        except XtmlError as e:
+            raise _from(e, "completion") from None
+        message = {k: v for k, v in parsed.items() if k != "diagnostics"}
+        return {"tokens": self._tokens_of(b, ids), "message": message,
+                "diagnostics": parsed.get("diagnostics", []),
+                "openai": chat_completion(parsed, model=t.name)}
+
+    def stream(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The completion fed to the stream parser ``delta`` ids at a time
+        (or random sizes from 1 to ``delta`` with ``random``): per step, the
+        ids fed, the events and chunks they gave, and the ids read but not
+        yet shown in any event, with the reason."""
+        t = self.template(body.get("template"))
+        b = self.binding(t)
+        ids = self.completion(t, body)
+        delta = body.get("delta", 1)
+        if type(delta) is not int or not 1 <= delta <= 1000:
+            raise FieldError("delta must be a whole number from 1 to 1000", field="delta")
+        rng = random.Random(body.get("seed", 0) if type(body.get("seed", 0)) is int else 0)
+        sizes = _sizes(len(ids), delta, rng if body.get("random") else None)
+        if len(sizes) > MAX_STEPS:
+            raise FieldError(f"the replay would take {len(sizes):,} steps, more than {MAX_STEPS:,}: take a larger "
+                             "delta", field="delta")
+        parser = t.stream(b.vocab, thinking=_thinking(body))
+        chunks = ChunkStream(model=t.name, template=t, id="chatcmpl-playground", created=0,
+                             ids=_call_ids())
+        steps: list[dict[str, Any]] = []
+        at = 0
+        shown = 0  # ids up to here have shown up in an event
+        for size in [*sizes, 0]:
+            fed = ids[at : at + size]
+            events = parser.feed_many(fed) if size else parser.close()
+            at += size
+            out_events = [_event(e) for e in events]
+            for e in events:
+                shown = max(shown, e.offset + 1)
+            out_chunks = chunks.feed(events)
+            held = ids[shown:at] if size else []
+            steps.append({"start": at - size, "ids": fed, "closed": not size, "events": out_events,
+                          "chunks": out_chunks, "held": self._tokens_of(b, held),
+                          "why": _why_held(b, held), "state": parser.state.value})
+        return {"tokens": self._tokens_of(b, ids), "steps": steps, "message": chunks.message}
+
+    # -- grammar -------------------------------------------------------------------
+
+    def grammar(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The llguidance grammar of the request's completion and, after the
+        first ``position`` ids of the completion, the ids it allows next
+        (``offset``/``limit`` page them)."""
+        t, request, options = self.request(body)
+        b = self.binding(t)
+        try:
+            grammar = t.completion_grammar(request, b.vocab, format="llguidance", **options)
+        except XtmlError as e:
+            raise _from(e, "request") from None
+        except RecursionError:
+            raise FieldError("the request nests arrays and objects too deeply", field="request") from None
+        result: dict[str, Any] = {"grammar": grammar}
+        try:
+            import llguidance
+        except ImportError:
+            result["available"] = False
+            result["install"] = "pip install 'llguidance>=1.9'"
+            return result
+        result["available"] = True
+        ids = self.completion(t, body)
+        position = body.get("position", len(ids))
+        if type(position) is not int or not 0 <= position <= len(ids):
+            raise FieldError(f"position must be a whole number from 0 to {len(ids)} (the completion's length)",
+                             field="position")
+        offset, limit = body.get("offset", 0), body.get("limit", 200)
+        if type(offset) is not int or offset < 0:
+            raise FieldError("offset must be a whole number, 0 or more", field="offset")
+        if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+            raise FieldError(f"limit must be a whole number from 1 to {MAX_PAGE}", field="limit")
+        lltok = self._lltokenizer(llguidance, t, b)
+        if lltok is None:
+            result["available"] = False
+            result["install"] = "the grammar view needs a tokenizer.json tokenizer (llguidance reads its JSON)"
+            return result
+        m = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        if m.is_error():
+            raise FieldError(f"llguidance refused the grammar: {m.get_error()}", field="request")
+        taken = m.try_consume_tokens(ids[:position])
+        result["position"] = position
+        result["consumed"] = taken
+        result["tokens"] = self._tokens_of(b, ids)
+        if taken < position:
+            result["refused"] = {"offset": taken, "id": ids[taken], "text": b.vocab.decode([ids[taken]]),
+                                 "why": m.get_error() or "the grammar allows no such token here"}
+            result["allowed_count"] = 0
+            result["allowed"] = []
+            return result
+        mask = m.compute_bitmask()
+        allowed = list(_bits(mask, b.vocab.size))
+        result["accepting"] = m.is_accepting()
+        result["allowed_count"] = len(allowed)
+        page = allowed[offset : offset + limit]
+        result["offset"], result["limit"] = offset, limit
+        result["allowed"] = self._tokens_of(b, page)
+        return result
+
+    def _lltokenizer(self, llguidance: Any, t: Template, b: Binding) -> Any:
+        end = b.marker_ids[t.markers.end]
+        hit = self._ll.get(end)
+        if hit is not None and hit[0] is b.vocab:
+            return hit[1]
+        to_str = getattr(b.vocab.tokenizer, "to_str", None)
+        if not callable(to_str):
+            return None
+        # Built once per tokenizer and end marker: about two seconds for 129k ids.
+        lltok = llguidance.LLTokenizer(to_str(), eos_token=end)
+        self._ll[end] = (b.vocab, lltok)
+        return lltok
+
+
+def _thinking(body: Mapping[str, Any]) -> bool | None:
+    v = body.get("thinking")
+    if v is not None and type(v) is not bool:
+        raise FieldError("thinking must be true, false or null (the template's default)", field="thinking")
+    return v
+
+
+def _call_ids() -> Any:
+    n = 0
+
+    def make() -> str:
+        nonlocal n
+        n += 1
+        return f"call_{n}"
+
+    return make
+
+
+def _sizes(n: int, delta: int, rng: random.Random | None) -> list[int]:
+    out: list[int] = []
+    left = n
+    while left > 0:
+        k = min(left, rng.randint(1, delta) if rng is not None else delta)
+        out.append(k)
+        left -= k
+    return out
+
+
+def _event(e: Any) -> dict[str, Any]:
+    return {k: v for k in ("type", "offset", "channel", "text", "index", "name", "key", "value_type", "call",
+                           "message", "stop_reason", "diagnostic", "role") if (v := getattr(e, k)) is not None}
+
+
+def _why_held(b: Binding, held: Sequence[int]) -> str:
+    """Why ids read have not shown in an event yet."""
+    if not held:
+        return ""
+    kinds = b.kind_of_id
+    first = next((k for k, i in enumerate(held) if i in kinds), None)
+    if first is not None:
+        return ("a tag: what it opens or closes is known at its separator marker, so its marker and name wait "
+                "for it")
+    table = b.vocab.byte_table()
+    raw = b"".join(table[i] for i in held if i < len(table))
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes of a character not complete yet: text goes out in whole characters"
+    return "text that may still be part of a tag or an element the parser is reading"
+
+
+def _bits(mask: bytes, size: int) -> Iterator[int]:
+    """The ids set in llguidance's bitmask (32-bit little-endian words)."""
+    for byte_at, byte in enumerate(mask):
+        if not byte:
+            continue
+        base = byte_at * 8
+        for bit in range(8):
+            if byte >> bit & 1 and base + bit < size:
+                yield base + bit
+
+
+def _tokens(doc: Any, b: Binding) -> Iterator[tuple[int, bool, int, tuple[str, ...]]]:
+    """Each id of a document with whether it is a marker, its message (by
+    position among the rendered messages) and element path."""
+    for ids, message, path in b.attributed(doc):
+        for i in ids:
+            yield i, i in b.kind_of_id, message, path
+
+
+def _roles(doc: Any, t: Template) -> dict[int, str]:
+    n = t.dialect.names
+    out: dict[int, str] = {}
+    k = -1
+    for node in doc.nodes:
+        if isinstance(node, Element):
+            k += 1
+            attrs = dict(node.attrs)
+            role = attrs.get(n["role"])
+            out[k] = f"{role} ({attrs[n['type']]})" if role and n["type"] in attrs else (role or node.tag)
+    return out
+
+
+def _literal_tokens(segments: Sequence[Segment], segment: int, offset: int, length: int,
+                    b: Binding) -> list[int]:
+    """The first and last token of a marker literal at character ``offset``
+    of the text, in text segment ``segment``."""
+    first = sum(len(b.encode_segments([s])) for s in segments[:segment])
+    seg_chars = sum(len(s.text) for s in segments[:segment])
+    ids = b.encode_segments([segments[segment]])
+    start, end = offset - seg_chars, offset - seg_chars + length
+    lo = hi = None
+    for k in range(len(ids)):
+        # Characters before the end of token k: decoded prefixes, since one
+        # token may hold part of a character.
+        upto = len(b.vocab.decode(ids[: k + 1]))
+        if lo is None and upto > start:
+            lo = k
+        if upto >= end:
+            hi = k
+            break
+    lo = len(ids) - 1 if lo is None else lo
+    return [first + lo, first + (len(ids) - 1 if hi is None else hi)]
