@@ -23,26 +23,9 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
-from tests.helpers.serve import CALC, K3, REQUEST, SEARCH, Rig, answer_of, expected, wait_for
+from tests.helpers.serve import ANSWERS, CALC, K3, MESSAGES, REQUEST, SEARCH, Rig, answer_of, expected, wait_for
 from tests.helpers.tokenizers import k3_vocab as vocab
 from xtml.serving.responses import ResponseStore, Stored, effort_of
-
-MESSAGES: dict[str, dict[str, Any]] = {
-    "text": {"role": "assistant", "reasoning_content": "Easy.", "content": "Four, and the spec is at xtml.dev."},
-    "calls": {"role": "assistant", "reasoning_content": "Look it up.", "content": "",
-              "tool_calls": [
-                  {"type": "function", "function": {"name": "search",
-                                                    "arguments": json.dumps({"q": "xtml \"spec\"", "limit": 5})}},
-                  {"type": "function", "function": {"name": "calc", "arguments": json.dumps({"expr": "2+2"})}}]},
-    "literals": {"role": "assistant", "reasoning_content": "Think <|close|>think<|sep|> é",
-                 "content": "Use <|open|>tools<|sep|> \"quoted\"\n",
-                 "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": json.dumps(
-                     {"q": "a<|close|>argument<|sep|>\"\\\n<|end_of_msg|>", "limit": -3})}}]},
-    "json-block": {"role": "assistant", "content": "",
-                   "tool_calls": [{"type": "function", "function": {"name": "calc",
-                                                                    "arguments": "not JSON <|end_of_msg|>"}}]},
-}
-ANSWERS = {k: answer_of(m) for k, m in MESSAGES.items()}
 
 
 def _tool(t: dict[str, Any]) -> dict[str, Any]:

@@ -27,32 +27,25 @@ import pytest
 
 import xtml
 from tests.helpers.engines import closed_port
-from tests.helpers.serve import K3, REQUEST, THINKING, Rig, answer_of, expected, got_stream, got_whole, vocab, wait_for
+from tests.helpers.serve import (
+    ANSWERS,
+    K3,
+    MESSAGES,
+    REQUEST,
+    THINKING,
+    Rig,
+    answer_of,
+    expected,
+    got_stream,
+    got_whole,
+    vocab,
+    wait_for,
+)
 from tests.helpers.tokenizers import deepseek_path
 from xtml.cli import serve as serve_cli
 from xtml.cli.main import main as xtml_main
 from xtml.serving import engines as backends
 from xtml.serving.gateway import create_app
-
-# What the stand-in engines answer: reasoning and text; calls; marker
-# literals inside reasoning, text and argument values (text, never markup);
-# a json block.
-MESSAGES: dict[str, dict[str, Any]] = {
-    "text": {"role": "assistant", "reasoning_content": "Easy.", "content": "Four, and the spec is at xtml.dev."},
-    "calls": {"role": "assistant", "reasoning_content": "Look it up.", "content": "",
-              "tool_calls": [
-                  {"type": "function", "function": {"name": "search",
-                                                    "arguments": json.dumps({"q": "xtml \"spec\"", "limit": 5})}},
-                  {"type": "function", "function": {"name": "calc", "arguments": json.dumps({"expr": "2+2"})}}]},
-    "literals": {"role": "assistant", "reasoning_content": "Think <|close|>think<|sep|> é",
-                 "content": "Use <|open|>tools<|sep|> \"quoted\"\n",
-                 "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": json.dumps(
-                     {"q": "a<|close|>argument<|sep|>\"\\\n<|end_of_msg|>", "limit": -3})}}]},
-    "json-block": {"role": "assistant", "content": "",
-                   "tool_calls": [{"type": "function", "function": {"name": "calc",
-                                                                    "arguments": "not JSON <|end_of_msg|>"}}]},
-}
-ANSWERS = {k: answer_of(m) for k, m in MESSAGES.items()}
 
 
 @pytest.fixture

@@ -136,3 +136,24 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+# What the stand-in engines answer: reasoning and text; calls; marker
+# literals inside reasoning, text and argument values (text, never markup);
+# a json block.
+MESSAGES: dict[str, dict[str, Any]] = {
+    "text": {"role": "assistant", "reasoning_content": "Easy.", "content": "Four, and the spec is at xtml.dev."},
+    "calls": {"role": "assistant", "reasoning_content": "Look it up.", "content": "",
+              "tool_calls": [
+                  {"type": "function", "function": {"name": "search",
+                                                    "arguments": json.dumps({"q": "xtml \"spec\"", "limit": 5})}},
+                  {"type": "function", "function": {"name": "calc", "arguments": json.dumps({"expr": "2+2"})}}]},
+    "literals": {"role": "assistant", "reasoning_content": "Think <|close|>think<|sep|> é",
+                 "content": "Use <|open|>tools<|sep|> \"quoted\"\n",
+                 "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": json.dumps(
+                     {"q": "a<|close|>argument<|sep|>\"\\\n<|end_of_msg|>", "limit": -3})}}]},
+    "json-block": {"role": "assistant", "content": "",
+                   "tool_calls": [{"type": "function", "function": {"name": "calc",
+                                                                    "arguments": "not JSON <|end_of_msg|>"}}]},
+}
+ANSWERS = {k: answer_of(m) for k, m in MESSAGES.items()}

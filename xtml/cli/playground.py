@@ -5,13 +5,12 @@ command runs: they are the optional ``serve`` extra."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, TextIO
 
 from ..template import load
 from ..vocab.load import load_tokenizer
 from .common import TOKENIZER_HELP, require
-from .serve import SERVE_MODULES, listen, port_number
+from .serve import SERVE_MODULES, port_number, serve_app
 
 COMMANDS = ("playground",)
 
@@ -50,11 +49,8 @@ def add_commands(sub: Any) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the playground until interrupted; returns the exit status."""
     require("xtml playground", "serve", *SERVE_MODULES)
-    import uvicorn
-
     from ..playground.app import create_app
-    from ..serving.gateway import KEEP_ALIVE
-    from ..serving.limits import Limits, protocol
+    from ..serving.limits import Limits
 
     tpl = load(args.template)  # a bad template file is one line, before anything listens
     vocab = None
@@ -65,15 +61,4 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.tokenizer:
         name = args.tokenizer + (" (markers added)" if args.add_markers else "")
     app = create_app(vocab, template=args.template, tokenizer_name=name)
-    socks = listen(args.host, args.port)
-    host, port = socks[0].getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"xtml playground: http://{shown}:{port}/", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE,
-                                           http=protocol(Limits())))
-    try:
-        server.run(sockets=socks)
-    finally:
-        for sock in socks:
-            sock.close()
-    return 0
+    return serve_app(app, args.host, args.port, Limits(), args.log_level, lambda url: f"xtml playground: {url}")

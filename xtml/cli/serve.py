@@ -8,13 +8,17 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import XtmlError
 from ..template import load
 from ..vocab.load import load_tokenizer
 from .common import TOKENIZER_HELP, extra_missing, require
 from .output import UsageError
+
+if TYPE_CHECKING:
+    from ..serving.limits import Limits
 
 COMMANDS = ("serve",)
 
@@ -180,10 +184,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--backend must be an http:// or https:// URL, not {args.backend!r}")
     require("xtml serve", "serve", *SERVE_MODULES)
     try:
-        import uvicorn
-
-        from ..serving.gateway import KEEP_ALIVE, check_backend_url, create_app
-        from ..serving.limits import Limits, protocol
+        from ..serving.gateway import check_backend_url, create_app
+        from ..serving.limits import Limits
     except ImportError as e:
         if (e.name or "").partition(".")[0] == "xtml":
             raise
@@ -203,14 +205,25 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     limits = Limits(header_bytes=args.max_header_size, header_lines=args.max_header_lines,
                     header_timeout=args.header_timeout, body_idle=args.body_timeout,
                     connections=args.max_connections)
+    return serve_app(app, args.host, args.port, limits, args.log_level,
+                     lambda url: f"xtml serve: {url}v1 in front of {args.backend_kind} at {args.backend}")
+
+
+def serve_app(app: Any, host: str, port: int, limits: Limits, log_level: str, banner: Callable[[str], str]) -> int:
+    """Serve ``app`` with uvicorn under ``limits`` until interrupted, after
+    printing ``banner`` of the address it listens on (``http://host:port/``)."""
+    import uvicorn
+
+    from ..serving.gateway import KEEP_ALIVE
+    from ..serving.limits import protocol
+
     # Listening before uvicorn starts: an address in use or a host that is
     # not this machine's is one line, not uvicorn's log and exit status.
-    socks = listen(args.host, args.port)
-    host, port = socks[0].getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"xtml serve: http://{shown}:{port}/v1 in front of {args.backend_kind} at {args.backend}", file=sys.stderr,
-          flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=KEEP_ALIVE,
+    socks = listen(host, port)
+    bound, bound_port = socks[0].getsockname()[:2]
+    shown = f"[{bound}]" if ":" in bound else bound
+    print(banner(f"http://{shown}:{bound_port}/"), file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_keep_alive=KEEP_ALIVE,
                                            http=protocol(limits)))
     try:
         server.run(sockets=socks)
