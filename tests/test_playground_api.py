@@ -248,6 +248,7 @@ BAD: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("/api/grammar", {"request": EXAMPLE, "completion": "hi", "position": 99}, "position", None),
     ("/api/grammar", {"request": EXAMPLE, "completion": "", "limit": 5000}, "limit", None),
     ("/api/grammar", {"request": EXAMPLE, "completion": "", "offset": -1}, "offset", None),
+    ("/api/grammar", {"completion": ""}, "request", None),
 ]
 
 
@@ -258,6 +259,8 @@ def test_bad_fields_are_400s_naming_the_field(client: httpx.Client, path: str, b
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["field"] == field and error["message"]
+    # Said in the request's terms, never Python's.
+    assert not re.search(r"NoneType|\b(list|dict|str|int|float|bool)\b", error["message"]), error["message"]
     if param is not None:
         assert error["param"] == param
 

@@ -63,11 +63,19 @@ def _from(e: XtmlError, field: str) -> FieldError:
     return FieldError(e.msg if hasattr(e, "msg") else str(e), field=field, location=where)
 
 
+def _kind(value: Any) -> str:
+    """A JSON value's kind, as the page's user knows it (not Python's name)."""
+    return {type(None): "null", bool: "true or false", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(value), "another value")
+
+
 def _json_field(text: Any, name: str) -> Any:
     """A field holding JSON text: its value, or the message ``xtml render``
     prints for a bad file, with the line and column."""
+    if text is None:
+        raise FieldError(f"{name} is missing", field=name)
     if not isinstance(text, str):
-        raise FieldError(f"{name} must be JSON text (a string), not {type(text).__name__}", field=name)
+        raise FieldError(f"{name} must be JSON text (a string), not {_kind(text)}", field=name)
     try:
         return input_json(text)
     except BadInput as e:
@@ -81,7 +89,7 @@ def _options(raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise FieldError(f"options must be an object, not {type(raw).__name__}", field="options")
+        raise FieldError(f"options must be an object, not {_kind(raw)}", field="options")
     return dict(raw)
 
 
@@ -215,7 +223,7 @@ class Session:
         if kind == "ids":
             data = _json_field(raw, "completion")
             if not isinstance(data, list):
-                raise FieldError(f"completion: expected a JSON array of token ids, not {type(data).__name__}",
+                raise FieldError(f"completion: expected a JSON array of token ids, not {_kind(data)}",
                                  field="completion")
             for k, x in enumerate(data):
                 if type(x) is not int:
