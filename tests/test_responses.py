@@ -76,8 +76,15 @@ def seen(response: dict[str, Any]) -> dict[str, Any]:
     return {"content": "".join(p["text"] for i in out if i["type"] == "message" for p in i["content"]),
             "reasoning_content": "".join(p["text"] for i in out if i["type"] == "reasoning" for p in i["content"]),
             "calls": calls,
+            "items": [(i["type"], i["status"]) for i in out],
             "finish_reason": "length" if status == "incomplete" else "tool_calls" if calls else "stop",
             "diagnostics": sorted(d["kind"] for d in response["xtml_diagnostics"])}
+
+
+def items_aside(got: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`seen` has, less the items' kinds and statuses (which
+    :func:`tests.helpers.serve.expected` does not know)."""
+    return {k: v for k, v in got.items() if k != "items"}
 
 
 def joined(evs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,7 +120,7 @@ def test_whole_response(rig: Rig, name: str) -> None:
     sent = rig.engine.sent[-1]
     raw = rig.client.responses.retrieve(r.id).model_dump(exclude_unset=True, by_alias=True)
     raw["xtml_diagnostics"] = (r.model_extra or {})["xtml_diagnostics"]
-    assert seen(raw) == expected(sent)
+    assert items_aside(seen(raw)) == expected(sent)
     assert r.status == "completed" and r.object == "response" and r.model == "kimi-k3"
     assert r.usage is not None
     assert (r.usage.input_tokens, r.usage.output_tokens) == (len(rig.prompt()), len(sent))
@@ -133,7 +140,8 @@ def test_streamed_response_joins_to_the_whole_one(rig: Rig, name: str) -> None:
     evs = events(rig, BODY)
     assert rig.prompt() == K3.encode(REQUEST, vocab())
     final = joined(evs)
-    assert seen(final) == seen(whole) == expected(rig.engine.sent[-1])
+    assert seen(final) == seen(whole)
+    assert items_aside(seen(final)) == expected(rig.engine.sent[-1])
     assert final["usage"] == whole["usage"]
     kinds = [e["type"] for e in evs]
     assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") \
@@ -316,13 +324,45 @@ def test_cut_off_by_max_output_tokens(vllm: Rig) -> None:
     evs = events(vllm, body)
     assert evs[-1]["type"] == "response.incomplete"
     final = joined(evs)
-    assert seen(final) == seen(whole) == expected(vllm.engine.sent[-1])
+    assert seen(final) == seen(whole)
+    assert items_aside(seen(final)) == expected(vllm.engine.sent[-1])
     # The call the limit cut is withheld: it must not run.
     assert [i["name"] for i in final["output"] if i["type"] == "function_call"] == ["search"]
     cut = [e["item"] for e in evs if e["type"] == "response.output_item.done"
            and e["item"]["type"] == "function_call" and e["item"]["status"] == "incomplete"]
     assert [c["name"] for c in cut] == ["calc"]
     assert "withheld-call" in seen(final)["diagnostics"]
+
+
+TEXT_AND_CALLS = {"role": "assistant", "reasoning_content": "Look it up.", "content": "Let me look.",
+                  "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": json.dumps(
+                      {"q": "xtml", "limit": 2})}},
+                                 {"type": "function", "function": {"name": "calc", "arguments": json.dumps(
+                                     {"expr": "2+2"})}}]}
+
+
+@pytest.mark.parametrize("cut", [None, 3, 8])
+def test_items_are_done_in_order_and_the_stream_joins_to_the_whole(vllm: Rig, cut: int | None) -> None:
+    """Each output item is done before the next is added, in index order,
+    as OpenAI's streams go; statuses as the whole answer has them, whether
+    the token limit cut nothing, the second call or the first."""
+    ids = answer_of(TEXT_AND_CALLS)
+    vllm.engine.answer = ids
+    body = {**BODY, **({"max_output_tokens": len(ids) - cut} if cut else {})}
+    whole = post(vllm, body).json()
+    evs = events(vllm, body)
+    final = joined(evs)
+    assert seen(final) == seen(whole)
+    opened: list[int] = []
+    for e in evs:
+        if e["type"] == "response.output_item.added":
+            assert not opened, f"item {e['output_index']} added while {opened} is open"
+            opened.append(e["output_index"])
+        elif e["type"] == "response.output_item.done":
+            assert opened == [e["output_index"]]
+            opened.clear()
+    done = [e["output_index"] for e in evs if e["type"] == "response.output_item.done"]
+    assert done == sorted(done) == list(range(len(done)))
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -401,6 +441,12 @@ def test_the_command_takes_the_store_bounds(capsys: pytest.CaptureFixture[str]) 
     ({"input": [{"type": "function_call_output", "call_id": "c",
                  "output": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].output[0].type", "input_image"),
     ({"stream": "yes"}, "stream", "true or false"),
+    ({"input": [{"type": "reasoning", "summary": 5}, "Hi"]}, "input[0].summary", "list of parts"),
+    ({"input": [{"type": "reasoning", "content": "abc"}]}, "input[0].content", "list of parts"),
+    ({"input": [{"type": "reasoning", "content": ["a"]}]}, "input[0].content[0]", "text as a string"),
+    ({"input": [{"type": "reasoning", "summary": [{"text": 5}]}]}, "input[0].summary[0]", "text as a string"),
+    ({"input": [{"type": "reasoning", "summary": {"text": "x"}}]}, "input[0].summary", "list of parts"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}, "input[0]", "encrypted"),
 ])
 def test_what_cannot_be_served_is_a_400_naming_it(vllm: Rig, body: dict[str, Any], param: str, words: str) -> None:
     r = post(vllm, {"model": "kimi-k3", "input": "Hi", **body})

@@ -97,6 +97,18 @@ def test_n_choices_whole(rig: Rig) -> None:
     assert r.usage.completion_tokens == sum(map(len, outs)) and r.usage.prompt_tokens == len(rig.prompt())
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_requests_with_a_seed_sample_n_choices(llamacpp: Rig, stream: bool) -> None:
+    """An engine without n is asked n times: with seed s, choice k has seed
+    s + k, or the n requests would sample the same choice n times."""
+    _script(llamacpp)
+    before = len(llamacpp.engine.requests)
+    r = llamacpp.client.chat.completions.create(model="kimi-k3", n=3, seed=7, stream=stream, **REQUEST)
+    if stream:
+        list(r)
+    assert sorted(b["seed"] for b in llamacpp.engine.requests[before:]) == [7, 8, 9]
+
+
 def test_n_choices_streamed(rig: Rig) -> None:
     _script(rig)
     before, sent = len(rig.engine.requests), len(rig.engine.sent)
@@ -214,5 +226,12 @@ def test_an_empty_messages_list_is_a_400(vllm: Rig) -> None:
 @pytest.fixture
 def vllm() -> Any:
     r = Rig("vllm")
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def llamacpp() -> Any:
+    r = Rig("llamacpp")
     yield r
     r.close()

@@ -630,7 +630,7 @@ class Gateway:
         """A stream of ``n`` choices: each choice is read, cut and parsed as
         the one choice of :meth:`_events` is, its chunks carrying its index."""
         n = job.gen.params["n"]
-        gens = [one_choice(job.gen) for _ in range(n)]
+        gens = [one_choice(job.gen, k) for k in range(n)]
         first = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template)
         choices = [_OneOfN(self, job, k, g, first.id, first.created) for k, g in enumerate(gens)]
         pieces = self.backend.stream_n(job.gen, gens)
@@ -660,6 +660,14 @@ class Gateway:
                     watch.stop()
                     await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
                     return
+            except OSError:
+                raise  # the client went away
+            except Exception as e:  # a fault of the gateway itself: the stream says so and ends, as n=1's does
+                log.exception("the stream of a chat completion of n choices failed")
+                out.append(_error_event(f"internal error: {type(e).__name__}: {e}", type="server_error", code=500))
+                watch.stop()
+                await send({"type": "http.response.body", "body": "".join(out).encode(), "more_body": False})
+                return
             for one in choices:
                 out += [sse(c) for c in one.close()]
             if job.include_usage:

@@ -626,6 +626,13 @@ class ChunkStream:
         self._seal()
         return out
 
+    def kept_arguments(self, index: int) -> str | None:
+        """The final arguments of call ``index`` (from 0, the chunks'
+        ``index``) once it is known to be kept: its element closed and the
+        next call started, so its chunks have all been sent; else None."""
+        c = self._calls.get(index + 1)
+        return c.final if c is not None and c.done and c.final is not None else None
+
     def reasoning_tokens(self, completion_tokens: int) -> int:
         """How many of the ``completion_tokens`` ids were reasoning: up to
         and with the reasoning channel's close, all of them when it never

@@ -275,15 +275,25 @@ class _Builder:
             self.add({"role": "tool", "tool_call_id": call_id,
                       "content": _output_text(item.get("output"), f"{where}.output")}, where)
         elif t == "reasoning":
-            pieces = [p.get("text") for p in item.get("content") or () if isinstance(p, Mapping)]
-            if not pieces:
-                pieces = [p.get("text") for p in item.get("summary") or () if isinstance(p, Mapping)]
-            if not all(isinstance(p, str) for p in pieces):
-                raise RequestError("a reasoning item's content and summary parts need their text as strings",
-                                   location=where)
-            text = "".join(pieces)  # type: ignore[arg-type]
+            parts: dict[str, list[str]] = {}
+            for key in ("content", "summary"):
+                value = item.get(key)
+                if value is None:
+                    continue
+                if not isinstance(value, list):
+                    raise RequestError(f"a reasoning item's {key} must be a list of parts", location=f"{where}.{key}")
+                for j, part in enumerate(value):
+                    if not isinstance(part, Mapping) or not isinstance(part.get("text"), str):
+                        raise RequestError("a reasoning part must be an object with its text as a string",
+                                           location=f"{where}.{key}[{j}]")
+                parts[key] = [part["text"] for part in value]
+            # The reasoning itself when it is there, else its summary.
+            text = "".join(parts.get("content") or parts.get("summary") or ())
             if not text:
-                return  # encrypted reasoning only: there is nothing to render
+                if item.get("encrypted_content") is not None:
+                    raise RequestError("encrypted reasoning cannot be replayed: this server issues its reasoning "
+                                       "as text; send the reasoning item's content", location=where)
+                return  # an empty reasoning item: nothing to render
             if self.open is not None and (self.open["content"] or self.open.get("tool_calls")):
                 self.open = None  # reasoning starts the next assistant turn
             self.reasoning = (self.reasoning or "") + text
@@ -545,7 +555,10 @@ class Exchange:
         if m.get("reasoning_content"):
             output.append(_reasoning_item(new_id("rs"), m["reasoning_content"], "completed"))
         if m.get("content"):
-            output.append(_message_item(new_id("msg"), m["content"], status))
+            # The cut fell in the message's text only if nothing was begun
+            # after it (a call, kept or withheld): as a stream marks it.
+            later = m.get("tool_calls") or any(d.get("kind") == "withheld-call" for d in self.diagnostics)
+            output.append(_message_item(new_id("msg"), m["content"], "completed" if later else status))
         for c in m.get("tool_calls") or ():
             output.append(_call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
                                      "completed"))
@@ -678,22 +691,29 @@ class Exchange:
             it.item = _message_item(it.item["id"], text,
                                     "incomplete" if self.finish == "length" else "completed")
         else:
-            if self.finish is None:
-                # The next call started: the one before is kept. Its final
-                # arguments come when the message ends.
+            kept = self.source.kept_arguments(it.call) if self.source is not None and it.call is not None else None
+            if self.finish is None and kept is None:
+                # Not known to be kept yet: it closes when the message ends.
                 self.current = it
                 return []
-            out += self._close_call(it)
+            # The next call started after its element closed (it is kept,
+            # with its final arguments), or the message ended: each item is
+            # done before the next is added, as OpenAI's streams go.
+            out += self._close_call(it, kept)
             return out
         out.append(self._event("response.output_item.done", output_index=it.index, item=it.item))
         return out
 
-    def _close_call(self, it: _Item) -> list[str]:
+    def _close_call(self, it: _Item, kept: str | None = None) -> list[str]:
         withheld = {d.get("id") for d in self.diagnostics if d.get("kind") == "withheld-call"}
         call_id = it.item["call_id"]
         args = "".join(it.parts)
         out: list[str] = []
-        if call_id in withheld:
+        if kept is not None:
+            out.append(self._event("response.function_call_arguments.done", item_id=it.item["id"],
+                                   output_index=it.index, name=it.item["name"], arguments=kept))
+            it.item = _call_item(it.item["id"], call_id, it.item["name"], kept, "completed")
+        elif call_id in withheld:
             # Cut off: it must not run, so it is no part of the answer.
             it.item = _call_item(it.item["id"], call_id, it.item["name"], args, "incomplete")
         else:

@@ -325,10 +325,16 @@ Choice = tuple[int, list[int], "str | None"]
 new ids and, at its end, its finish reason."""
 
 
-def one_choice(gen: Generation) -> Generation:
-    """``gen`` asking for one choice (one of the ``n`` requests of an engine
-    without ``n``; the state of one choice of a stream)."""
-    return dataclasses.replace(gen, params={k: v for k, v in gen.params.items() if k != "n"}, lost=0, lost_at=0)
+def one_choice(gen: Generation, k: int = 0) -> Generation:
+    """``gen`` asking for choice ``k`` alone (one of the ``n`` requests of an
+    engine without ``n``; the state of one choice of a stream). A request's
+    ``seed`` becomes ``seed + k``: the same seed n times would sample the same
+    choice n times, where an engine's own ``n`` samples n different ones."""
+    params = {key: v for key, v in gen.params.items() if key != "n"}
+    seed = params.get("seed")
+    if k and type(seed) is int:
+        params["seed"] = seed + k
+    return dataclasses.replace(gen, params=params, lost=0, lost_at=0)
 
 
 def checked_ids(v: Any, size: int, where: str) -> list[int]:
@@ -432,7 +438,7 @@ class Backend:
             return [await self.generate(gen)]
         if self.takes_n:
             return self.read_n(await self._answer(gen), gen, n)
-        return list(await asyncio.gather(*(self.generate(one_choice(gen)) for _ in range(n))))
+        return list(await asyncio.gather(*(self.generate(one_choice(gen, k)) for k in range(n))))
 
     async def _answer(self, gen: Generation) -> Any:
         if not self.ready:
