@@ -341,6 +341,14 @@ TEXT_AND_CALLS = {"role": "assistant", "reasoning_content": "Look it up.", "cont
                                      {"expr": "2+2"})}}]}
 
 
+def test_a_json_schema_without_a_name_echoes_the_name_served(vllm: Rig) -> None:
+    vllm.engine.answer = answer_of({"role": "assistant", "reasoning_content": "Easy.", "content": '{"a": 1}'})
+    r = post(vllm, {**BODY, "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}})
+    assert r.status_code == 200, r.text
+    Response.model_validate(r.json())
+    assert r.json()["text"]["format"]["name"] == "response"
+
+
 @pytest.mark.parametrize("cut", [None, 3, 8])
 def test_items_are_done_in_order_and_the_stream_joins_to_the_whole(vllm: Rig, cut: int | None) -> None:
     """Each output item is done before the next is added, in index order,
@@ -441,6 +449,13 @@ def test_the_command_takes_the_store_bounds(capsys: pytest.CaptureFixture[str]) 
     ({"input": [{"type": "function_call_output", "call_id": "c",
                  "output": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].output[0].type", "input_image"),
     ({"stream": "yes"}, "stream", "true or false"),
+    ({"user": 5}, "user", "string"),
+    ({"metadata": [1]}, "metadata", "object"),
+    ({"metadata": {"a": 1}}, "metadata.a", "512"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "16"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
+    ({"text": {"format": {"type": "json_schema", "name": 5, "schema": {"type": "object"}}}}, "text.format.name",
+     "string"),
     ({"input": [{"type": "reasoning", "summary": 5}, "Hi"]}, "input[0].summary", "list of parts"),
     ({"input": [{"type": "reasoning", "content": "abc"}]}, "input[0].content", "list of parts"),
     ({"input": [{"type": "reasoning", "content": ["a"]}]}, "input[0].content[0]", "text as a string"),

@@ -365,13 +365,40 @@ def _format(text: Any) -> dict[str, Any] | None:
         schema = f.get("schema")
         if not isinstance(schema, Mapping):
             raise RequestError("a json_schema format needs its schema as an object", location="text.format.schema")
-        js: dict[str, Any] = {"name": f.get("name") or "response", "schema": schema}
+        name = f.get("name")
+        if name is not None and not isinstance(name, str):
+            raise RequestError("a json_schema format's name must be a string", location="text.format.name")
+        js: dict[str, Any] = {"name": name or "response", "schema": schema}
         for key in ("description", "strict"):
             if f.get(key) is not None:
                 js[key] = f[key]
         return {"type": "json_schema", "json_schema": js}
     raise RequestError(f"text.format.type must be text, json_object or json_schema, not {shown(t)}",
                        location="text.format.type")
+
+
+def _check_echoed(body: Mapping[str, Any]) -> None:
+    """The fields a response repeats as they came: what OpenAI's types take,
+    or a 400 (never a response the client's own types reject)."""
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise RequestError("user must be a string", location="user")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and type(parallel) is not bool:
+        raise RequestError("parallel_tool_calls must be true or false", location="parallel_tool_calls")
+    metadata = body.get("metadata")
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise RequestError("metadata must be an object of string keys and string values", location="metadata")
+    if len(metadata) > 16:
+        raise RequestError(f"metadata holds at most 16 pairs, not {len(metadata)}", location="metadata")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or len(key) > 64:
+            raise RequestError("a metadata key is a string of at most 64 characters", location="metadata")
+        if not isinstance(value, str) or len(value) > 512:
+            raise RequestError("a metadata value is a string of at most 512 characters",
+                               location=f"metadata.{key}")
 
 
 def translate(body: Mapping[str, Any], store: ResponseStore, *, efforts: tuple[str, ...] = (),
@@ -448,9 +475,10 @@ def translate(body: Mapping[str, Any], store: ResponseStore, *, efforts: tuple[s
             chat[key] = body[key]
     if stream:
         chat["stream"] = True
+    _check_echoed(body)
     echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "previous_response_id", "temperature",
                                      "top_p", "user")}
-    echo["metadata"] = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+    echo["metadata"] = dict(body.get("metadata") or {})
     echo["tools"] = [{"type": "function", "name": t["function"]["name"],
                       "description": t["function"].get("description"),
                       "parameters": t["function"].get("parameters"),
@@ -458,7 +486,11 @@ def translate(body: Mapping[str, Any], store: ResponseStore, *, efforts: tuple[s
     echo["tool_choice"] = body.get("tool_choice") or "auto"
     echo["parallel_tool_calls"] = body.get("parallel_tool_calls") is not False
     text = body.get("text")
-    echo["text"] = {"format": (text.get("format") if isinstance(text, Mapping) else None) or {"type": "text"}}
+    given_format = (text.get("format") if isinstance(text, Mapping) else None) or {"type": "text"}
+    if fmt is not None and fmt["type"] == "json_schema":
+        # The name served, when the request left it out.
+        given_format = {**given_format, "name": fmt["json_schema"]["name"]}
+    echo["text"] = {"format": given_format}
     echo["reasoning"] = {"effort": (reasoning or {}).get("effort"), "summary": None}
     echo["store"] = keep
     echo["truncation"] = "disabled"
