@@ -528,3 +528,24 @@ def test_the_engine_cancels_when_the_client_leaves(vllm: Rig) -> None:
             if e.type == "response.reasoning_text.delta":
                 break
     assert wait_for(lambda: vllm.engine.closed_early == 1)
+
+
+def test_the_store_is_bounded_in_bytes() -> None:
+    """A count of entries bounds no memory when a body may be 32 MiB: the
+    store keeps at most max_bytes of JSON, the oldest dropped first, and
+    never keeps one larger than that."""
+    def entry(n: int) -> Stored:
+        return Stored({"id": "r", "output": "x" * n}, [{"role": "user", "content": "y"}])
+
+    store = ResponseStore(100, 60, max_bytes=2000)
+    for k in range(5):
+        store.put(f"r{k}", entry(600))
+    assert [store.get(f"r{k}") is not None for k in range(5)] == [False, False, True, True, True]
+    store.put("big", entry(5000))
+    assert store.get("big") is None and len(store) == 3
+    assert store.delete("r4") and len(store) == 2
+    store.put("r5", entry(600))
+    store.put("r6", entry(600))
+    assert [store.get(f"r{k}") is not None for k in (2, 3, 5, 6)] == [False, True, True, True]
+    with pytest.raises(ValueError):
+        ResponseStore(10, 60, max_bytes=-1)

@@ -118,6 +118,9 @@ def add_commands(sub: Any) -> None:
                        help="most responses kept (default: 1000; the oldest goes first; 0: none)")
     store.add_argument("--store-age", type=_seconds, default=3600.0, metavar="SECONDS",
                        help="longest time a response is kept (default: 3600)")
+    store.add_argument("--store-bytes", type=_store_bytes, default=256 << 20, metavar="SIZE",
+                       help="most bytes of responses kept, as JSON (default: 256MiB; the oldest goes first; a "
+                            "larger response is not kept)")
     s.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default: info)")
 
@@ -156,6 +159,10 @@ def _size(s: str) -> int:
     if not 1 <= v < 1 << 62:
         raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, not {s!r}")
     return int(v)
+
+
+def _store_bytes(s: str) -> int:
+    return 0 if s.strip() == "0" else _size(s)
 
 
 def _entries(s: str) -> int:
@@ -201,7 +208,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
                      timeout=args.backend_timeout, grammar=args.grammar,
                      grammar_format=args.grammar_format, max_body=args.max_body,
-                     store_entries=args.store_entries, store_age=args.store_age)
+                     store_entries=args.store_entries, store_age=args.store_age, store_bytes=args.store_bytes)
     limits = Limits(header_bytes=args.max_header_size, header_lines=args.max_header_lines,
                     header_timeout=args.header_timeout, body_idle=args.body_timeout,
                     connections=args.max_connections)

@@ -69,7 +69,7 @@ from .openai import (
     shape_message,
     sse,
 )
-from .responses import MAX_AGE, MAX_ENTRIES, Exchange, ResponseStore, translate
+from .responses import MAX_AGE, MAX_BYTES, MAX_ENTRIES, Exchange, ResponseStore, translate
 
 if TYPE_CHECKING:
     from ..template import Template
@@ -181,14 +181,15 @@ class Gateway:
     llama.cpp, whose builds mostly lack llguidance, else ``llguidance``).
     ``max_body`` is the largest
     request body read, in bytes (default :data:`MAX_BODY`): past it the
-    answer is a 413, before the rest is read. ``store_entries`` and
-    ``store_age`` (seconds) bound the responses kept for the Responses
+    answer is a 413, before the rest is read. ``store_entries``,
+    ``store_bytes`` and ``store_age`` (seconds) bound the responses kept for the Responses
     API's ``previous_response_id`` (:class:`~.responses.ResponseStore`)."""
 
     def __init__(self, template: Template, tokenizer: Any, backend: str, *, kind: str = "vllm",
                  model: str | None = None, backend_model: str | None = None, timeout: float = 600.0,
                  grammar: bool = True, grammar_format: str | None = None, max_body: int = MAX_BODY,
-                 store_entries: int = MAX_ENTRIES, store_age: float = MAX_AGE) -> None:
+                 store_entries: int = MAX_ENTRIES, store_age: float = MAX_AGE,
+                 store_bytes: int = MAX_BYTES) -> None:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
@@ -203,9 +204,10 @@ class Gateway:
                               option="max_body")
         self.max_body = max_body
         try:
-            self.store = ResponseStore(store_entries, store_age)
+            self.store = ResponseStore(store_entries, store_age, max_bytes=store_bytes)
         except ValueError as e:
-            raise OptionError(str(e), option="store_entries" if "entries" in str(e) else "store_age") from None
+            option = next(o for o in ("store_entries", "store_age", "store_bytes") if o[6:] in str(e))
+            raise OptionError(str(e), option=option) from None
         self.template = template
         self.binding = template.bind(tokenizer)
         self.vocab: Vocabulary = self.binding.vocab

@@ -39,6 +39,7 @@ from .openai import ChunkStream
 
 __all__ = [
     "MAX_AGE",
+    "MAX_BYTES",
     "MAX_ENTRIES",
     "Exchange",
     "ResponseNotFound",
@@ -52,6 +53,9 @@ MAX_ENTRIES = 1000
 """Responses a store keeps by default; the oldest goes first."""
 MAX_AGE = 3600.0
 """Seconds a stored response is kept by default."""
+MAX_BYTES = 256 << 20
+"""Bytes (of the entries' JSON) a store keeps by default: a request body may
+be 32 MiB, so a count of entries alone bounds no memory."""
 
 # OpenAI's efforts, least to most; a dialect's own names win.
 _OPENAI_EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
@@ -94,21 +98,27 @@ class Stored:
     response: dict[str, Any]
     history: list[dict[str, Any]]
     at: float = 0.0
+    size: int = 0
 
 
 class ResponseStore:
     """Responses kept in this process for ``previous_response_id``: at most
-    ``max_entries`` (the oldest is dropped first), each for ``max_age``
+    ``max_entries`` and ``max_bytes`` of their JSON (the oldest is dropped
+    first; one larger than ``max_bytes`` is not kept), each for ``max_age``
     seconds. ``clock`` is the time source (monotonic seconds)."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_age: float = MAX_AGE, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_bytes: int = MAX_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
         if type(max_entries) is not int or max_entries < 0:
             raise ValueError(f"max_entries must be a whole number, not {max_entries!r}")
         if not max_age > 0:
             raise ValueError(f"max_age must be a positive number of seconds, not {max_age!r}")
+        if type(max_bytes) is not int or max_bytes < 0:
+            raise ValueError(f"max_bytes must be a whole number of bytes, not {max_bytes!r}")
         self.max_entries = max_entries
         self.max_age = float(max_age)
+        self.max_bytes = max_bytes
+        self._bytes = 0
         self._clock = clock
         self._items: OrderedDict[str, Stored] = OrderedDict()
         # Requests are rendered in worker threads when large.
@@ -127,14 +137,22 @@ class ResponseStore:
             if first.at > oldest:
                 break
             del items[key]
+            self._bytes -= first.size
 
     def put(self, id: str, entry: Stored) -> None:
+        entry.size = len(json.dumps([entry.response, entry.history], ensure_ascii=False).encode())
         with self._lock:
+            old = self._items.pop(id, None)
+            if old is not None:
+                self._bytes -= old.size
+            if entry.size > self.max_bytes:
+                return  # never kept: a later previous_response_id to it is a 404, as for any other
             entry.at = self._clock()
             self._items[id] = entry
-            self._items.move_to_end(id)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
+            self._bytes += entry.size
+            while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= dropped.size
             self._expire()
 
     def get(self, id: str) -> Stored | None:
@@ -144,7 +162,11 @@ class ResponseStore:
 
     def delete(self, id: str) -> bool:
         with self._lock:
-            return self._items.pop(id, None) is not None
+            entry = self._items.pop(id, None)
+            if entry is None:
+                return False
+            self._bytes -= entry.size
+            return True
 
 
 # -- requests ------------------------------------------------------------------------
