@@ -14,6 +14,7 @@ what cannot be served is a 400 naming the field."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -450,6 +451,9 @@ def test_the_command_takes_the_store_bounds(capsys: pytest.CaptureFixture[str]) 
                  "output": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].output[0].type", "input_image"),
     ({"stream": "yes"}, "stream", "true or false"),
     ({"user": 5}, "user", "string"),
+    ({"max_tool_calls": -1}, "max_tool_calls", "whole number"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools[0].parameters", "parameters"),
+    ({"max_output_tokens": "x"}, "max_output_tokens", "max_output_tokens"),
     ({"metadata": [1]}, "metadata", "object"),
     ({"metadata": {"a": 1}}, "metadata.a", "512"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "16"),
@@ -469,6 +473,8 @@ def test_what_cannot_be_served_is_a_400_naming_it(vllm: Rig, body: dict[str, Any
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     assert words in err["message"]
+    # In the Responses request's own names, never the chat request's it became.
+    assert not re.search(r"max_completion_tokens|reasoning_effort|response_format|\.function\.", err["message"])
     assert not vllm.engine.requests
 
 

@@ -65,7 +65,6 @@ _REFUSED = {
     "background": "background responses are not served: the answer comes in the request's own connection",
     "conversation": "conversations are not served: pass previous_response_id, or the whole input",
     "prompt": "stored prompt templates are not served: send the input itself",
-    "max_tool_calls": "max_tool_calls is not served: the model's calls are not counted against a limit",
     "top_logprobs": "this server returns no log probabilities",
 }
 # Sampling fields of the chat path a Responses request may also give (as
@@ -402,6 +401,11 @@ def _format(text: Any) -> dict[str, Any] | None:
 def _check_echoed(body: Mapping[str, Any]) -> None:
     """The fields a response repeats as they came: what OpenAI's types take,
     or a 400 (never a response the client's own types reject)."""
+    most = body.get("max_tool_calls")
+    if most is not None and (type(most) is not int or most < 0):
+        # It limits calls of built-in tools, which this server runs none of:
+        # any count is met.
+        raise RequestError("max_tool_calls must be a whole number, 0 or more", location="max_tool_calls")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise RequestError("user must be a string", location="user")
@@ -526,6 +530,8 @@ _MESSAGES_AT = re.compile(r"messages\[(\d+)\]")
 _NAMES = {"reasoning_effort": "reasoning.effort", "max_completion_tokens": "max_output_tokens",
           "response_format": "text.format", "messages": "input"}
 _OPTION = re.compile(r"option '(\w+)'")
+_TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.")
+_CHAT_NAME = re.compile(r"\b(?:reasoning_effort|max_completion_tokens|response_format)\b")
 
 
 # -- answers -------------------------------------------------------------------------
@@ -575,6 +581,10 @@ class Exchange:
         if text in _NAMES:
             return _NAMES[text]
         text = _OPTION.sub(lambda m: f"option {_NAMES.get(m.group(1), m.group(1))!r}", text)
+        # A Responses tool has no "function" level; field names in prose
+        # are the request's own.
+        text = _TOOL_FIELD.sub(r"\1.", text)
+        text = _CHAT_NAME.sub(lambda m: _NAMES[m.group(0)], text)
         return _MESSAGES_AT.sub(sub, text)
 
     # -- a whole answer ------------------------------------------------------------
