@@ -66,7 +66,18 @@ _REFUSED = {
     "conversation": "conversations are not served: pass previous_response_id, or the whole input",
     "prompt": "stored prompt templates are not served: send the input itself",
     "top_logprobs": "this server returns no log probabilities",
+    "background_options": "background responses are not served: the answer comes in the request's own connection",
+    "context_management": "context management (compaction) is not served: send the input to answer",
+    "moderation": "moderation is not served by this gateway",
+    "image": "image generation options are not served: this gateway serves a chat model",
+    "access_programs": "access programs are not served by this gateway",
 }
+# What a request may hold that changes nothing an engine on ids does (the
+# gateway serves one model, never truncates, caches nothing it is told to).
+_IGNORED = frozenset({"include", "truncation", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+                      "prompt_cache_options", "safety_identifier", "stream_options", "model"})
+_TAKEN = frozenset({"input", "instructions", "previous_response_id", "tools", "tool_choice", "text", "reasoning",
+                    "max_output_tokens", "stream", "store", "metadata", "user", "max_tool_calls"})
 # Sampling fields of the chat path a Responses request may also give (as
 # vLLM's Responses endpoint takes them): passed on as they are.
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
@@ -435,6 +446,15 @@ def translate(body: Mapping[str, Any], store: ResponseStore, *, efforts: tuple[s
     them). Bad requests raise :class:`~xtml.RequestError` naming the field;
     a ``previous_response_id`` the store does not hold,
     :class:`ResponseNotFound`."""
+    for key in body:
+        if key not in _TAKEN and key not in _IGNORED and key not in _REFUSED and key not in _PASSED:
+            raise RequestError(f"unknown parameter {shown(key)}", location=str(key))
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+            raise RequestError("include must be a list of strings", location="include")
+        if any("logprobs" in v for v in include):
+            raise RequestError("this server returns no log probabilities", location="include")
     for key, why in _REFUSED.items():
         v = body.get(key)
         if v is not None and v is not False and v != 0:
