@@ -589,6 +589,8 @@ def test_model_output_never_fails_a_request(vllm: Rig) -> None:
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
     # Declared tools that must not be called: the grammar has no tools channel.
     {"tool_choice": "none"},
+    # One call at most.
+    {"parallel_tool_calls": False},
 ])
 def test_the_engine_gets_the_completion_grammar(rig: Rig, constraint: dict[str, Any]) -> None:
     rig.engine.answer = ANSWERS["calls"]
@@ -611,6 +613,10 @@ def test_the_engine_gets_the_completion_grammar(rig: Rig, constraint: dict[str, 
     for fmt in ("grammar", "ebnf"):
         m = llguidance.LLMatcher(_ll_tokenizer(), llguidance.grammar_from(fmt, sent), log_level=0)
         assert not m.is_error(), m.get_error()
+        if constraint.get("parallel_tool_calls") is False:
+            # The answer with two calls is refused before its second.
+            calls = ANSWERS["calls"]
+            assert m.validate_tokens(calls) < len(calls)
         if constraint.get("tool_choice") == "required":
             answer = ANSWERS["calls"]
             # The end marker as the engine's end-of-sequence token: after the

@@ -434,6 +434,8 @@ class Gateway:
         # "none" with tools declared: the grammar has no tools channel.
         if self.grammar and (o.tool_choice == "required" or o.response_format is not None
                              or (o.tool_choice == "none" and o.tools)
+                             # One call at most: only a grammar holds a model to it.
+                             or (body.get("parallel_tool_calls") is False and o.tools)
                              or isinstance(fields.request_options(body, True).get("tool_choice"), Mapping)):
             grammar = t.completion_grammar(body, self.tokenizer, format=self.grammar_format, unknown_keys="ignore")
         gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
