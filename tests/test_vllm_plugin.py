@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 
 import xtml
 from tests.helpers.need import need
-from tests.helpers.tokenizers import deepseek_path
+from tests.helpers.tokenizers import k3_vocab
 from tests.helpers.vllm import dist_folder
 from xtml import testing as xt
 from xtml.testing.strategies import assistant_messages
@@ -33,10 +33,6 @@ CASES = 80
 # Ids per delta: one at a time, a few, as speculative decoding and
 # stream_interval deliver them, and random sizes from 1 to 16.
 GROUPINGS = [[1], [2], [3], [16], [random.Random(k).randint(1, 16) for k in range(50)]]
-
-
-def k3_vocab() -> xtml.Vocabulary:
-    return xtml.load_tokenizer(deepseek_path(), add_special_tokens=xtml.load("kimi-k3").markers.all())
 
 
 def collect(n: int) -> list[tuple[list[int], dict[str, Any], bool]]:
