@@ -59,6 +59,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.helpers.vllm import as_json, parsed_message
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_OUT = HERE / "results" / "vllm.json"
@@ -113,27 +117,6 @@ def answer(n: int, seed: int) -> dict[str, Any]:
             "tools": TOOLS, "thinking": True}
 
 
-def expected(k3: Any, vocab: Any, ids: list[int]) -> dict[str, Any]:
-    """The message as xtml's batch parser reads the ids, in the shape the
-    joined deltas are compared in (as tests/test_vllm_plugin.py does)."""
-    msg = k3.parse(ids, vocab, completion=True, lenient=True, thinking=True)
-    content = msg.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return {"reasoning": msg.get("reasoning_content") or "", "content": content or "",
-            "tool_calls": [[c["function"]["name"], as_json(c["function"]["arguments"])]
-                           for c in msg.get("tool_calls") or ()]}
-
-
-def as_json(arguments: Any) -> Any:
-    if not isinstance(arguments, str):
-        return arguments
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
-
-
 def prepare(folder: Path, sizes: list[int]) -> None:
     """The tokenizer's JSON and the answers, for the vLLM half."""
     from bench_core import vocab_and_template
@@ -160,7 +143,7 @@ def prepare(folder: Path, sizes: list[int]) -> None:
         prompt = k3.encode(history, vocab, add_generation_prompt=True)
         # Where the reasoning channel's close ends: the answer starts there.
         end = next(k + len(close) for k in range(len(ids)) if ids[k:k + len(close)] == close)
-        cases.append({"target": n, "prompt": prompt, "ids": ids, "expected": expected(k3, vocab, ids),
+        cases.append({"target": n, "prompt": prompt, "ids": ids, "expected": parsed_message(k3, vocab, ids, True),
                       "calls": len(body["messages"][-1]["tool_calls"]), "reasoning_end": end})
         print(f"prepared ~{n:,} ids: {len(ids):,} ids ({end:,} of reasoning), {cases[-1]['calls']} calls, "
               f"prompt {len(prompt)} ids", flush=True)

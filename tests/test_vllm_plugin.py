@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 import xtml
 from tests.helpers.need import need
 from tests.helpers.tokenizers import k3_vocab
-from tests.helpers.vllm import dist_folder
+from tests.helpers.vllm import as_json, dist_folder, parsed_message
 from xtml import testing as xt
 from xtml.testing.strategies import assistant_messages
 
@@ -112,23 +112,7 @@ def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_case
 
 
 def expected(ids: list[int], thinking: bool) -> dict[str, Any]:
-    k3 = xtml.load("kimi-k3")
-    msg = k3.parse(ids, k3_vocab(), completion=True, lenient=True, thinking=thinking)
-    content = msg.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return {"reasoning": msg.get("reasoning_content") or "", "content": content or "",
-            "tool_calls": [[c["function"]["name"], as_json(c["function"]["arguments"])]
-                           for c in msg.get("tool_calls") or ()]}
-
-
-def as_json(arguments: str) -> Any:
-    """Arguments as parsed JSON; a json block's text that is not JSON stays
-    the text xtml returns."""
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
+    return parsed_message(xtml.load("kimi-k3"), k3_vocab(), ids, thinking)
 
 
 def shaped(got: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pytest
 
 from tests.helpers.need import need
 from tests.helpers.serve import K3, REQUEST, Rig, answer_of, expected, got_stream, got_whole, vocab
-from tests.helpers.vllm import dist_folder
+from tests.helpers.vllm import as_json, dist_folder
 from xtml.exports.hf import export_hf
 
 pytestmark = pytest.mark.engines
@@ -106,13 +106,6 @@ def gateway() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         return out
     finally:
         rig.close()
-
-
-def as_json(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
 
 
 def message(got: dict[str, Any]) -> dict[str, Any]:

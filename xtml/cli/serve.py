@@ -165,24 +165,20 @@ def _store_bytes(s: str) -> int:
     return 0 if s.strip() == "0" else _size(s)
 
 
-def _entries(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {s!r}")
-    return v
+def _whole_number(least: int, what: str) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            v = least - 1
+        if v < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, not {s!r}")
+        return v
+    return parse
 
 
-def _count(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {s!r}")
-    return v
+_entries = _whole_number(0, "a whole number, 0 or more")
+_count = _whole_number(1, "a positive whole number")
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
