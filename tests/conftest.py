@@ -57,3 +57,17 @@ def _fresh(request: pytest.FixtureRequest) -> None:
     # records and behaviours cleared.
     if "rig" in request.fixturenames:
         request.getfixturevalue("rig").engine.reset()
+
+
+@pytest.fixture(autouse=True)
+def _plugin_registry() -> Iterator[None]:
+    # Plugins given to xtml.plugins.use() are process-wide: each test starts
+    # with the registry as the one before it found it, so that no test's
+    # outcome depends on which ran first.
+    import xtml.plugins
+
+    registry = xtml.plugins._explicit
+    saved = dict(registry)
+    yield
+    registry.clear()
+    registry.update(saved)

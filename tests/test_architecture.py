@@ -15,6 +15,7 @@ ROOT = Path(__file__).parent.parent / "xtml"
 # other: vocab knows markup but not chat, chat knows plugins but not vocab.
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "lru": 0,  # the one bound of the caches kept by name
     "markup": 1,
     "plugins": 2,
     "dialects": 0,  # data files only
@@ -54,7 +55,7 @@ def _is_type_checking(node: ast.If) -> bool:
 # the codec) does no I/O and knows nothing above it; the facade stands on it;
 # the edges (exports, the gateway, dataset jobs, testing tools, the CLI)
 # stand on the facade.
-CORE = ("errors", "dialects", "markup", "plugins", "chat", "vocab", "codec")
+CORE = ("errors", "lru", "dialects", "markup", "plugins", "chat", "vocab", "codec")
 FACADE = "template"
 # Libraries that speak HTTP or open sockets: the edge's business only.
 NETWORK = ("starlette", "uvicorn", "aiohttp", "httpx", "httptools", "uvloop", "requests", "urllib3", "socket",

@@ -523,6 +523,38 @@ def test_bad_arguments() -> None:
         K3.conversation(vocab(), unknown_keys="maybe")
 
 
+@pytest.mark.parametrize("bad", [5, "hi", None, b"x", 1.5, object()])
+def test_what_is_not_a_message_is_located_and_changes_nothing(bad: Any) -> None:
+    conv = K3.conversation(vocab(), [{"role": "user", "content": "a"}])
+    before = (conv.messages, conv.ids)
+    with pytest.raises(xtml.MessageError, match="a message must be an object") as e:
+        conv.append(bad)
+    assert e.value.index == 1 and e.value.location == "messages[1]"
+    with pytest.raises(xtml.MessageError, match="a message must be an object") as e:
+        conv.extend([{"role": "assistant", "content": "b"}, bad])
+    assert e.value.index == 2
+    with pytest.raises(xtml.MessageError, match="a message must be an object") as e:
+        K3.conversation(vocab(), [bad])
+    assert e.value.index == 0
+    # encode says the same of the same request.
+    with pytest.raises(xtml.MessageError, match="a message must be an object") as whole:
+        K3.encode({"messages": [*conv.messages, bad]}, vocab())
+    assert whole.value.index == 1
+    assert (conv.messages, conv.ids) == before
+
+
+@pytest.mark.parametrize("many", [[{"role": "user", "content": "x"}], ({"role": "user", "content": "x"},), []])
+def test_append_of_a_list_names_extend(many: Any) -> None:
+    conv = K3.conversation(vocab(), [{"role": "user", "content": "a"}])
+    before = (conv.messages, conv.ids)
+    with pytest.raises(xtml.MessageError, match=r"append takes one message.*extend\(\)") as e:
+        conv.append(many)
+    assert e.value.index == 1
+    assert (conv.messages, conv.ids) == before
+    conv.extend(many)
+    assert len(conv) == 1 + len(many)
+
+
 def test_unknown_keys_ignored_as_encode_ignores_them() -> None:
     conv = K3.conversation(vocab(), unknown_keys="ignore")
     conv.append({"role": "user", "content": "hi", "x_trace": 1})

@@ -496,7 +496,12 @@ def test_schema_features_refuse(case: dict[str, Any]) -> None:
 
 NUMBERS = {"type": "object", "additionalProperties": False, "properties": {
     "n": {"type": "number"}, "i": {"type": "integer"}, "lo": {"type": "number", "exclusiveMinimum": 0},
-    "o": {"type": "object"}, "a": {"type": "array"}}}
+    "o": {"type": "object"}, "a": {"type": "array"},
+    # Values of schemas with constraints of their own, whose structure and
+    # bounds llguidance's JSON would otherwise write with unbounded numbers.
+    "p": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "integer", "maximum": 5}}},
+    "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+    "m": {"anyOf": [{"type": "number", "minimum": -2}, {"type": "string", "maxLength": 2}]}}}
 
 
 def _numbers_call(args: dict[str, Any]) -> tuple[str, list[Piece]]:
@@ -509,7 +514,10 @@ def _numbers_call(args: dict[str, Any]) -> tuple[str, list[Piece]]:
 @pytest.mark.parametrize("args", [
     {"n": 1e-07, "lo": 1e-07}, {"n": 1e300, "lo": 1e300, "i": 10**4299}, {"n": -2.5e-300, "lo": 1.7e16},
     {"n": 1e308, "i": -(10**40)}, {"n": 1.7e308, "lo": 1.7976931348623157e308},
-    {"o": {"x": [1e-07, -1e300, {"\u00e9\x01": None}]}, "a": [5e-324, 2**64]}])
+    {"o": {"x": [1e-07, -1e300, {"\u00e9\x01": None}]}, "a": [5e-324, 2**64]},
+    {"p": {"x": 1e-07, "y": -(10**4299), "\u00e9\x01\n": [1e300]}, "b": [10**4299, -(10**20), 0]},
+    {"p": {"x": 1.7976931348623157e308}, "m": 1e300}, {"m": 10**400, "b": []}, {"m": 1e16, "p": {}},
+    {"m": 123456789012345678.5, "p": {"y": 5}}])
 def test_numbers_as_python_writes_them_are_accepted(args: dict[str, Any]) -> None:
     grammar, ps = _numbers_call(args)
     accepts(grammar, ids_of(ps))
@@ -517,11 +525,14 @@ def test_numbers_as_python_writes_them_are_accepted(args: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize(("key", "text"), [
     ("n", "1e400"), ("n", "1.8e308"), ("n", "1" * 400 + ".5"), ("i", "1" * 4301), ("lo", "-1e-07"), ("lo", "1e400"),
-    ("o", '{"x": 1e400}'), ("a", "[1E999]"), ("a", '["\\ud800"]')])
+    ("o", '{"x": 1e400}'), ("a", "[1E999]"), ("a", '["\\ud800"]'), ("p", '{"x": 1e400}'), ("p", '{"x": 2e308}'),
+    ("p", '{"y": -1' + "0" * 4300 + "}"), ("p", '{"z": 1e999}'), ("p", '{"x": 1, "\\u0078": 1e5}'),
+    ("b", "[1" + "0" * 4300 + "]"), ("b", "[1e400]"), ("m", "1" * 400 + ".5"), ("m", "1e309"),
+    ("m", "1" + "0" * 4300)])
 def test_numbers_past_what_python_reads_are_refused(key: str, text: str) -> None:
     """A strict parse refuses these (or the schema does); the grammar
     refuses them inside the value."""
-    good = {"n": 7, "i": 7, "lo": 7, "o": {"x": 7}, "a": [7]}[key]
+    good = {"n": 7, "i": 7, "lo": 7, "o": {"x": 7}, "a": [7], "p": {"x": 7}, "b": [7], "m": 7}[key]
     grammar, ps = _numbers_call({key: good})
     k = find(ps, [json.dumps(good)])
     ps[k] = piece(K3, text)
@@ -722,7 +733,7 @@ def test_grammar_states_its_limits() -> None:
 # -- the xgrammar export, run through llguidance ---------------------------------------
 
 _EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|ExcludeToken\(([^)]*)\)|Token\((\d+)\)|'
-                         r'[A-Za-z_][A-Za-z0-9_.-]*|::=|[()|?*+]|\s+|#[^\n]*')
+                         r'[A-Za-z_][A-Za-z0-9_.-]*|::=|[()|?*+]|\{\d*,?\d*\}|\s+|#[^\n]*')
 
 
 def ebnf_to_lark(ebnf: str) -> str:

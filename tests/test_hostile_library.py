@@ -223,6 +223,11 @@ def test_every_prompt_option_is_in_the_none_rule() -> None:
 def test_every_other_option_reads_none_as_absent(option: str) -> None:
     body: dict[str, Any] = {"messages": [U], **OTHER[option]}
     want = K3.render(body)
+    if option == "response_schema":
+        # The other exception (docs/requests.md): given as None beside a
+        # json_schema format, it is the schema null, as K3's reference writes it.
+        want = K3.render({"messages": [U], "response_format": {"type": "json_schema",
+                                                               "json_schema": {"schema": None}}})
     assert K3.render({**body, option: None}) == want
     assert K3.render(body, **{option: None}) == want
     if option not in ("chat_template_kwargs", "extra_body", "functions", "function_call", "reasoning"):
@@ -377,3 +382,70 @@ def test_a_local_file_tells_nothing_but_that_it_cannot_be_had(tmp_path: Path) ->
             seen[kind].add(str(e.value).replace(name, "NAME"))
     assert len(seen["image"]) == 1 and len(seen["audio"]) == 1
     assert t.normalize(user({"type": "audio", "audio": str(tmp_path / "real.wav")}))
+
+
+# -- what xtml.load shares ----------------------------------------------------------------------
+
+
+def test_the_shared_template_is_read_only() -> None:
+    shared = xtml.load("kimi-k3")
+    huge = {"messages": [{"role": "user", "content": "x" * 100}]}
+    for name, value in (("max_chars", None), ("max_chars", 10), ("dialect", None), ("markers", None),
+                        ("name", "other"), ("anything", 1)):
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(shared, name, value)
+    with pytest.raises(AttributeError, match=r"replace\(max_chars=\.\.\.\)"):
+        shared.max_chars = None
+    with pytest.raises(AttributeError, match="read-only"):
+        del shared.max_chars
+    assert xtml.load("kimi-k3") is shared and shared.max_chars == 64 << 20
+    # Another limit is a template of one's own; the shared one is unchanged.
+    small = shared.replace(max_chars=50)
+    assert small is not shared and small.max_chars == 50 and small.dialect is shared.dialect
+    with pytest.raises(xtml.RequestError, match="max_chars=50"):
+        small.render(huge)
+    assert shared.render(huge).text and xtml.load("kimi-k3").render(huge).text
+    assert shared.replace(max_chars=None).render(huge, max_chars=None).text
+    with pytest.raises(AttributeError, match="read-only"):
+        small.max_chars = 10**9
+    assert xtml.Template(shared.dialect, max_chars=50).max_chars == 50
+
+
+def test_the_shared_dialect_is_read_only() -> None:
+    """The tables inside the shared template's dialect are as shared as the
+    template: an edit of one is refused, and a copy is the caller's own."""
+    import copy
+    import dataclasses
+    import pickle
+
+    d = xtml.load("kimi-k3").dialect
+    before = xtml.load("kimi-k3").render({"messages": [{"role": "user", "content": "hi"}]}).text
+    tables = {"names": d.names, "role_aliases": d.role_aliases, "system": d.system, "plugins": d.plugins,
+              "part_owner": d.part_owner, "element_owner": d.element_owner, "budgets": d.training.budgets}
+    for name, table in tables.items():
+        key = next(iter(table), "k")
+        edits: list[tuple[str, tuple[Any, ...]]] = [
+            ("__setitem__", (key, None)), ("__delitem__", (key,)), ("clear", ()), ("update", ({key: None},)),
+            ("pop", (key,)), ("popitem", ()), ("setdefault", ("new", None)), ("__ior__", ({key: None},))]
+        for method, args in edits:
+            with pytest.raises(TypeError, match="read-only"):
+                getattr(table, method)(*args)
+        mine = dict(table)
+        mine["new"] = None
+        assert "new" not in table, name
+    assert xtml.load("kimi-k3").render({"messages": [{"role": "user", "content": "hi"}]}).text == before
+    # A dialect still pickles (datasets and Ray send templates to workers),
+    # copies, and makes variants.
+    again = pickle.loads(pickle.dumps(d))
+    assert again.names == d.names and again.system.keys() == d.system.keys()
+    assert copy.deepcopy(d).names == d.names
+    assert dataclasses.replace(d, name="other").names == d.names
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True])
+def test_a_template_limit_is_checked(bad: Any) -> None:
+    with pytest.raises(xtml.OptionError, match="max_chars must be a non-negative integer or None") as e:
+        K3.replace(max_chars=bad)
+    assert e.value.option == "max_chars"
+    with pytest.raises(xtml.OptionError, match="max_chars"):
+        xtml.Template(K3.dialect, max_chars=bad)

@@ -54,3 +54,43 @@ def test_import_xtml_loads_only_the_core() -> None:
 ])
 def test_everyday_paths_stay_light(setup: str) -> None:
     assert _loaded(setup) == []
+
+
+def _public_modules() -> list[str]:
+    import pkgutil
+
+    import xtml
+
+    return ["xtml", *(m.name for m in pkgutil.walk_packages(xtml.__path__, "xtml.")
+                      if not any(part.startswith("_") for part in m.name.split(".")[1:]))]
+
+
+def test_every_name_in_every_all_exists() -> None:
+    import importlib
+
+    missing: list[str] = []
+    checked = 0
+    for name in _public_modules():
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:
+            # An extra that is not installed here (vllm); xtml's own modules must import.
+            assert e.name is not None and not e.name.startswith("xtml"), f"{name}: {e}"
+            continue
+        names = getattr(mod, "__all__", None)
+        if names is None:
+            continue
+        checked += 1
+        assert len(set(names)) == len(names), f"{name}.__all__ names one twice"
+        missing += [f"{name}.{n}" for n in names if not hasattr(mod, n)]
+    assert missing == []
+    assert checked > 20  # the walk found the package's modules
+
+
+def test_star_import_gives_every_public_name() -> None:
+    import xtml
+
+    namespace: dict[str, object] = {}
+    exec("from xtml import *", namespace)
+    assert set(xtml.__all__) <= set(namespace)
+    assert namespace["Encoded"] is xtml.template.Encoded

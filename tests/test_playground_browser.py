@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import xtml
-from tests.helpers.playground import browser_paths, chrome, console_errors, playground
+from tests.helpers.playground import browser_paths, chrome, console_errors, playground, playground_printing
 from tests.helpers.tokenizers import deepseek_path, k3_vocab
 
 ROOT = Path(__file__).parent.parent
@@ -276,3 +276,28 @@ def test_a_pasted_template_is_checked_and_used(page: Any) -> None:
                         "t.dispatchEvent(new Event('input'))", toml)
     until(page, lambda: not box.is_displayed() and "template mine" in el(page, "render-summary").text)
     assert ids(page, "render-tokens") == K3.encode(EXAMPLE, k3_vocab())
+
+
+def test_with_an_api_key_the_page_works_from_the_address_it_prints(browser: Any) -> None:
+    from urllib.parse import quote
+
+    key = "page-Key_1+/&"
+    with playground_printing("--api-key", key) as (base, lines):
+        until(browser, lambda: any(ln.startswith("xtml playground: open ") for ln in lines))
+        opened = next(ln for ln in lines if ln.startswith("xtml playground: open ")).split()[-1]
+        assert opened == f"{base}/#key={quote(key, safe='')}"
+        console_errors(browser)
+        browser.get(opened)
+        until(browser, lambda: browser.execute_script("return document.body.dataset.ready === 'true'"))
+        until(browser, lambda: ids(browser, "render-tokens"))
+        # The key is kept for the tab, out of the address bar (and so out of
+        # any link shared from it).
+        assert "key" not in browser.current_url
+        assert browser.execute_script("return sessionStorage.getItem('xtml-playground-key')") == key
+        el(browser, "share").click()
+        assert "#s=" in browser.current_url and "key" not in browser.current_url
+        # Opened again without it, in the same tab: still the key's.
+        browser.get(f"{base}/")
+        until(browser, lambda: browser.execute_script("return document.body.dataset.ready === 'true'"))
+        until(browser, lambda: ids(browser, "render-tokens"))
+        assert console_errors(browser) == []

@@ -274,8 +274,7 @@ class _Ext(ContentExtension):
 
 def _with(tmp: Path, *plugins: _Fake) -> Path:
     for p in plugins:
-        if p.name not in xtml.plugins.installed():
-            xtml.plugins.use(p)
+        xtml.plugins.use(p)  # each test starts with none of them (tests/conftest.py)
     path = tmp / "t.toml"
     path.write_text(K3_TEXT + "".join(f"\n[plugins.{p.name}]\n" for p in plugins), encoding="utf-8")
     return path

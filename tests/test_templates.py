@@ -272,22 +272,28 @@ class _Lossy:
             def strategy(self) -> Any:
                 from hypothesis import strategies as st
 
-                return st.builds(lambda t: {"type": "note", "text": t}, st.text(max_size=8))
+                # Every note is longer than what reads back.
+                return st.builds(lambda t: {"type": "note", "text": t}, st.text(min_size=4, max_size=8))
 
         return Ext()
 
 
-def test_self_test_catches_what_no_static_check_can(tmp_path: Path) -> None:
-    if "lossy-test" not in xtml.plugins.installed():
-        xtml.plugins.use(_Lossy())
+@pytest.mark.parametrize("seed", [0, 2])
+def test_self_test_catches_what_no_static_check_can(tmp_path: Path, seed: int) -> None:
     path = tmp_path / "lossy.toml"
     path.write_text(K3_TEXT + "\n[plugins.lossy-test]\n", encoding="utf-8")
-    # No tokenizer given: the self-test runs on ids of a byte-level vocabulary.
-    report = validate(path, examples=200, seed=2)
+    with xtml.plugins.using(_Lossy()):
+        # No tokenizer given: the self-test runs on ids of a byte-level vocabulary.
+        report = validate(path, examples=200, seed=seed)
+    # The file is valid in every other respect: the one finding is the
+    # self-test's, and the request it shows holds a note.
     assert [f.check for f in report.findings] == ["self-test"]
     f = report.findings[0]
-    assert "token ids of a byte-level vocabulary" in f.message and "note" in f.message
-    assert f.hint == f"reproduce with xtml validate {path} --examples 200 --seed 2"
+    assert "token ids of a byte-level vocabulary" in f.message and '"note"' in f.message
+    assert f.hint == f"reproduce with xtml validate {path} --examples 200 --seed {seed}"
+    # Once the plugin is taken back, the file names a plugin that is not there.
+    report = validate(path, examples=0)
+    assert [f.key for f in report.findings] == ["plugins.lossy-test"]
 
 
 def test_unknown_template_name_exits_1() -> None:
@@ -353,6 +359,7 @@ class _Geo:
 
 def test_plugins_come_through_one_door(tmp_path: Path) -> None:
     assert "image" in xtml.plugins.installed()  # the built-in, through the entry point
+    assert "geo-test" not in xtml.plugins.installed()  # no other test's registration is left over
     geo = xtml.plugins.use(_Geo())
     path = tmp_path / "geo.toml"
     path.write_text(K3_TEXT + "\n[plugins.geo-test]\nzoom = 3\n", encoding="utf-8")
@@ -365,6 +372,36 @@ def test_plugins_come_through_one_door(tmp_path: Path) -> None:
     with pytest.raises(xtml.TemplateError, match="already taken"):
         xtml.plugins.use(_Geo())
     assert xtml.plugins.use(geo) is geo
+
+
+def test_a_plugin_given_to_use_can_be_taken_back(tmp_path: Path) -> None:
+    path = tmp_path / "geo.toml"
+    path.write_text(K3_TEXT + "\n[plugins.geo-test]\nzoom = 3\n", encoding="utf-8")
+    geo = xtml.plugins.use(_Geo())
+    loaded = xtml.load(path)
+    with pytest.raises(xtml.TemplateError, match="was given to use\\(\\) by another plugin"):
+        xtml.plugins.unuse(_Geo())
+    xtml.plugins.unuse(geo)
+    assert "geo-test" not in xtml.plugins.installed()
+    assert loaded.dialect.plugins["geo-test"] == {"zoom": 3}  # what was loaded keeps it
+    with pytest.raises(xtml.TemplateError, match="not given to use"):
+        xtml.plugins.unuse(geo)
+    with pytest.raises(xtml.TemplateError, match="not given to use"):
+        xtml.plugins.unuse("image")  # installed, not registered here
+    # The name is free again, for another object.
+    other = xtml.plugins.use(_Geo())
+    xtml.plugins.unuse("geo-test")
+    assert "geo-test" not in xtml.plugins.installed() and other is not geo
+    # For a block: taken back after it, on an error too; one registered
+    # before the block stays.
+    with pytest.raises(RuntimeError), xtml.plugins.using(geo) as got:
+        assert got == (geo,) and xtml.plugins.installed()["geo-test"] is geo
+        raise RuntimeError
+    assert "geo-test" not in xtml.plugins.installed()
+    xtml.plugins.use(geo)
+    with xtml.plugins.using(geo):
+        pass
+    assert xtml.plugins.installed()["geo-test"] is geo
 
 
 def test_templates_json() -> None:

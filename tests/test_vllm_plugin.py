@@ -6,6 +6,7 @@ gives it, whole and streamed however the ids are grouped."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import random
@@ -24,6 +25,8 @@ from tests.helpers.tokenizers import k3_vocab
 from tests.helpers.vllm import as_json, dist_folder, parsed_message
 from xtml import testing as xt
 from xtml.testing.strategies import assistant_messages
+from xtml.vllm.plugin import PARSE_SHAPE, hook_problem
+from xtml.vocab.vocabulary import byte_to_char
 
 pytestmark = pytest.mark.engines
 
@@ -57,8 +60,13 @@ def collect(n: int) -> list[tuple[list[int], dict[str, Any], bool]]:
 
 
 @cache
+def all_cases() -> list[tuple[list[int], dict[str, Any], bool]]:
+    return [*collect(CASES), *hostile()]
+
+
+@cache
 def outcomes() -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
-    return run_driver([*collect(CASES), *hostile()], builtin=True)
+    return run_driver(all_cases(), builtin=True)
 
 
 def hostile() -> list[tuple[list[int], dict[str, Any], bool]]:
@@ -88,8 +96,11 @@ def hostile() -> list[tuple[list[int], dict[str, Any], bool]]:
     return out
 
 
-def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_cases: list[dict[str, Any]] = (),
-               builtin: bool = False) -> tuple[dict[str, Any], list[tuple[list[int], dict[str, Any], bool]]]:
+Case = tuple[list[int], dict[str, Any], bool]
+
+
+def run_driver(cases: list[Case], grammar_cases: list[dict[str, Any]] = (), builtin: bool = False,
+               **more: Any) -> tuple[dict[str, Any], list[Case]]:
     python = need("vLLM python", "tests/run sets it up", env="XTML_VLLM_PYTHON")
     k3 = xtml.load("kimi-k3")
     vocab = k3_vocab()
@@ -101,7 +112,7 @@ def run_driver(cases: list[tuple[list[int], dict[str, Any], bool]], grammar_case
                "cases": [{"prompt": k3.encode({"messages": [], "thinking": thinking}, vocab),
                           "completion": ids, "thinking": thinking, "groupings": GROUPINGS}
                          for ids, _, thinking in cases],
-               "grammar_cases": list(grammar_cases), "builtin": builtin}
+               "grammar_cases": list(grammar_cases), "builtin": builtin, **more}
         env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml", "XTML_TEMPLATE": "kimi-k3"}
         # -P: the script's folder (tests/helpers, with its tokenizers.py)
         # must not shadow the tokenizers package; PYTHONPATH still counts.
@@ -124,18 +135,83 @@ def test_the_plugin_registers_both_parsers() -> None:
     answer, _ = outcomes()
     assert answer["vllm"].startswith("0.33.")
     assert answer["registered"] == {"tool": True, "reasoning": True}
+    # vLLM 0.33 is the vLLM the whole-answer hook was written for: no warning.
+    assert answer["hands_ids"] is True and answer["plugin_warnings"] == []
 
 
-def test_whole_answers_parse_as_xtml_parses_them() -> None:
-    """vLLM 0.33 hands a legacy parser the decoded text only (the stop
-    token's text left out): read back to ids, it is the generated ids unless
-    the model spelled a marker with ordinary tokens, which text cannot tell
-    from the marker (docs/vllm.md). Every answer parses as xtml parses the
-    ids its text reads back to, and as xtml parses the generated ids
-    whenever its text spells no marker; when it does, the parser says so
-    (one warning, with the first token that differs) as soon as vLLM hands
-    it the ids, and only then."""
+def test_whole_answers_are_read_on_their_ids() -> None:
+    """vLLM 0.33's DelegatingParser.parse drops the generated ids its server
+    hands it; the plugin hands them on to xtml's parsers (docs/vllm.md), so
+    every whole answer is Template.parse's message of the generated ids,
+    marker text in an argument value and a quoted tools channel included,
+    with nothing reported."""
     answer, cases = outcomes()
+    assert len(cases) >= 40
+    for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
+        assert shaped(got["whole"]) == whole_answer(expected(ids, thinking))
+        assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == 0
+    hostile_args = shaped(answer["results"][first_hostile()]["whole"])["tool_calls"]
+    assert hostile_args == [["f", {"q": "os<|close|>argument<|sep|>sify"}]]
+    quoted = shaped(answer["results"][first_hostile() + 1]["whole"])
+    assert quoted["tool_calls"] == [] and "tools" in quoted["content"]
+
+
+@pytest.mark.parametrize("vllm_as", ["other-version", "other-signature"])
+def test_a_vllm_the_hook_was_not_written_for_reads_whole_answers_from_text(vllm_as: str) -> None:
+    """Where vLLM is not the one the hook was written for (a version outside
+    the ``vllm`` extra's range, or a DelegatingParser.parse of another
+    signature), the plugin leaves vLLM's code alone and says why, once, at
+    start-up; whole answers are then read from their text (below)."""
+    answer, cases = run_driver(all_cases(), whole_only=True, vllm_as=vllm_as)
+    assert answer["hands_ids"] is False
+    (warning,) = answer["plugin_warnings"]
+    assert "read from their decoded text" in warning
+    assert ("0.34.0 is outside the range" if vllm_as == "other-version" else "not the signature") in warning
+    check_read_from_text(answer, cases)
+
+
+def test_the_upstream_patch_reads_whole_answers_on_their_ids() -> None:
+    """docs/vllm-delegating-parser-ids.patch, applied to vLLM 0.33's
+    DelegatingParser.parse, hands xtml's parsers the ids with no hook of
+    xtml's (the plugin declines it in a vLLM of another version): every
+    whole answer is the ids' message."""
+    patch = (ROOT / "docs" / "vllm-delegating-parser-ids.patch").read_text(encoding="utf-8")
+    answer, cases = run_driver(all_cases(), whole_only=True, vllm_as="patched", patch=patch)
+    assert answer["hands_ids"] is False
+    for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
+        assert shaped(got["whole"]) == whole_answer(expected(ids, thinking))
+        assert got["whole_warnings"] == 0
+
+
+def test_hook_problem_names_what_differs() -> None:
+    def parse(self: Any, model_output: str, request: Any, enable_auto_tools: bool = False,
+              model_output_token_ids: Any = ()) -> None:
+        pass
+
+    def other(self: Any, model_output: str, request: Any, enable_auto_tools: bool = False) -> None:
+        pass
+
+    assert [p[0] for p in PARSE_SHAPE][-1] == "model_output_token_ids"
+    assert hook_problem("0.33.0", parse) is None
+    assert hook_problem("0.33.2.dev4+gabc", parse) is None
+    for version in ("0.32.9", "0.34.0", "1.0.0", "nightly"):
+        assert f"vLLM {version} is outside the range" in str(hook_problem(version, parse))
+    assert "not the signature" in str(hook_problem("0.33.0", other))
+    # The range is the vllm extra's pin.
+    import tomllib
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert pins == ["vllm>=0.33,<0.34"]
+
+
+def check_read_from_text(answer: dict[str, Any], cases: list[tuple[list[int], dict[str, Any], bool]]) -> None:
+    """vLLM hands a parser the decoded text only (the stop token's text left
+    out): read back to ids, it is the generated ids unless the model spelled
+    a marker with ordinary tokens, which text cannot tell from the marker
+    (docs/vllm.md). Every answer parses as xtml parses the ids its text
+    reads back to, and as xtml parses the generated ids whenever its text
+    spells no marker; when it does, the parser says so (one warning, with
+    the first token that differs) as soon as vLLM hands it the ids, and only
+    then."""
     k3, vocab = xtml.load("kimi-k3"), k3_vocab()
     end = k3.bind(vocab).marker_ids[k3.markers.end]
     assert len(cases) >= 40
@@ -180,14 +256,11 @@ def test_without_tools_the_answer_comes_without_markup() -> None:
     parser that is not engine-based gets no say: the answer and reasoning
     still come as xtml reads them, whole and streamed, and no call."""
     answer, cases = outcomes()
-    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
     for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
         want = expected(ids, thinking)
         want["tool_calls"] = []
         assert shaped(got["plain_stream"]) == want
-        read_back = k3.completion_ids(vocab.decode(ids), vocab)
-        if read_back == ids:
-            assert shaped(got["plain_whole"]) == want
+        assert shaped(got["plain_whole"]) == want
 
 
 def test_a_call_the_answer_was_cut_off_in_is_withheld() -> None:
@@ -312,9 +385,8 @@ def test_beside_vllms_own_k3_parser() -> None:
     record (docs/vllm.md): how many come back as xtml reads the ids, whole
     and one id a delta. vLLM's parser reads decoded text with regular
     expressions: it cuts the argument value that holds marker text (the
-    first hostile answer), whole and streamed; xtml's, streamed, loses none.
-    Whole answers are text to both (see above), where neither can tell a
-    marker from its spelling."""
+    first hostile answer), whole and streamed; xtml's, on the ids whole and
+    streamed, loses none."""
     answer, cases = outcomes()
     n = len(cases)
     xtml_whole = sum(shaped(got["whole"]) == whole_answer(expected(ids, thinking))
@@ -327,7 +399,7 @@ def test_beside_vllms_own_k3_parser() -> None:
                          for (ids, _, thinking), got in zip(cases, answer["builtin"], strict=True))
     print(f"\nequal to Template.parse on the ids, of {n}: xtml whole {xtml_whole}, streamed {xtml_stream}; "
           f"kimi_k3 whole {builtin_whole}, streamed {builtin_stream}")
-    assert xtml_stream == n
+    assert xtml_stream == n and xtml_whole == n
     # The first hostile answer: "os<|close|>argument<|sep|>sify" as an argument value.
     (ids, _, thinking), got = cases[first_hostile()], answer["builtin"][first_hostile()]
     want = expected(ids, thinking)
@@ -340,3 +412,92 @@ def test_beside_vllms_own_k3_parser() -> None:
 def first_hostile() -> int:
     """Where the hostile answers start among the cases: after the generated ones."""
     return len(outcomes()[1]) - len(hostile())
+
+
+def test_a_second_reasoning_channel_after_the_answer_keeps_the_answer() -> None:
+    """The reasoning ends at its channel's first close, whole as streamed: a
+    second reasoning channel after the answer and a call leaves the answer
+    and the call where Template.parse reads them, on the ids handed on and
+    on text read back alike."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    m = k3.markers
+    call = {"type": "function", "function": {"name": "f", "arguments": {"q": "x"}}}
+    message = {"role": "assistant", "reasoning_content": "first", "content": "the answer", "tool_calls": [call]}
+    case = xt.completion_case(k3, {"messages": [{"role": "user", "content": "q"}, message], "thinking": True}, vocab)
+    assert case is not None
+    ids = case[0]
+    tail = k3.completion_ids(f"{m.close}message{m.sep}{m.end}", vocab)
+    assert ids[-len(tail):] == tail
+    second = k3.completion_ids(f"{m.open}think{m.sep}second thoughts{m.close}think{m.sep}", vocab)
+    ids = [*ids[:-len(tail)], *second, *tail]
+    want = expected(ids, True)
+    assert want == {"reasoning": "first", "content": "the answer", "tool_calls": [["f", {"q": "x"}]]}
+    answer, _ = run_driver([(ids, message, True)])
+    (got,) = answer["results"]
+    assert shaped(got["whole"]) == want
+    assert [shaped(s) for s in got["streams"]] == [want] * len(GROUPINGS)
+    from_text, _ = run_driver([(ids, message, True)], whole_only=True, vllm_as="other-signature")
+    assert shaped(from_text["results"][0]["whole"]) == want
+
+
+def byte_ids(data: bytes) -> list[int]:
+    """One id a byte: the byte-level vocabulary's id of each byte alone."""
+    alphabet = byte_to_char()
+    ids = [k3_vocab().tokenizer.token_to_id(alphabet[b]) for b in data]
+    assert None not in ids
+    return ids
+
+
+def reasoning_stream(reasoning_ids: list[int]) -> tuple[list[int], dict[str, Any]]:
+    """A completion whose reasoning is ``reasoning_ids``, followed by a short
+    answer, and the driver's job to feed it one id a step."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    m = k3.markers
+    rest = k3.completion_ids(f"{m.close}think{m.sep}{m.open}response{m.sep}fine{m.close}response{m.sep}"
+                             f"{m.close}message{m.sep}{m.end}", vocab)
+    ids = [*reasoning_ids, *rest]
+    return ids, {"prompt": k3.encode({"messages": [], "thinking": True}, vocab), "completion": ids}
+
+
+def test_reasoning_streams_each_character_as_soon_as_it_is_whole() -> None:
+    """Fed one id a step through vLLM's composed parser, the reasoning
+    streamed so far is, at every step, the UTF-8 of its bytes so far less
+    only an incomplete last character: a character cut across ids waits for
+    its last byte and no longer, and invalid bytes stream at once (as
+    U+FFFD) instead of holding back what follows."""
+    vocab = k3_vocab()
+    table = vocab.byte_table()
+    parts = [vocab.ids_of(["ok "])[0], byte_ids("中".encode()), byte_ids(b"\xe4"), vocab.ids_of(["x"])[0],
+             byte_ids(b"\xff\xf0\x9f"), byte_ids("🎉".encode()), byte_ids(b"\xe4\xb8"), vocab.ids_of([" done"])[0]]
+    reasoning_ids = [i for part in parts for i in part]
+    ids, job = reasoning_stream(reasoning_ids)
+    answer, _ = run_driver([], reasoning_steps=[job])
+    (got,) = answer["reasoning_steps"]
+    # Step by step, against an incremental UTF-8 decoder of the same bytes.
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    streamed, whole = "", ""
+    for k, t in enumerate(reasoning_ids):
+        streamed += got["reasoning"][k]
+        whole += decoder.decode(table[t])
+        assert streamed == whole, (k, streamed, whole)
+    assert "".join(got["reasoning"]) == expected(ids, True)["reasoning"]
+    assert "中" in streamed and "🎉" in streamed and "\ufffd" in streamed
+
+
+def test_reasoning_of_bytes_that_never_make_a_character_costs_what_it_adds() -> None:
+    """A reasoning of lone lead bytes (each cut off by the next, so the text
+    decoded so far always ends in U+FFFD): each step decodes what it adds
+    and at most three held ids, so the ids decoded grow as the steps do (1x
+    and 4x in the same run), and each U+FFFD streams as soon as the next
+    byte settles it."""
+    sizes = (500, 2000)
+    jobs = [reasoning_stream(byte_ids(b"\xe4" * n)) for n in sizes]
+    answer, _ = run_driver([], reasoning_steps=[job for _, job in jobs])
+    small, large = answer["reasoning_steps"]
+    print(f"\nids decoded over {sizes[0]} and {sizes[1]} steps: {small['decoded']}, {large['decoded']} "
+          f"(x{large['decoded'] / small['decoded']:.2f})")
+    for n, got in zip(sizes, (small, large), strict=True):
+        assert got["decoded"] <= 2 * n + 50
+        assert "".join(got["reasoning"][:n]) == "\ufffd" * (n - 1)
+        assert "".join(got["reasoning"]) == expected(jobs[sizes.index(n)][0], True)["reasoning"]
+    assert large["decoded"] <= 4.5 * small["decoded"]

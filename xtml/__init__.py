@@ -21,7 +21,7 @@ from .errors import (
     XtmlError,
 )
 from .markup.segments import Segment
-from .template import Ambiguity, Rendered, Template, load
+from .template import Ambiguity, Encoded, Rendered, Template, load
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
 

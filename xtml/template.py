@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,12 +26,13 @@ from .codec.parse import parse, reasoning_length
 from .codec.stream import StreamParser
 from .codec.training import TrainingExample, encode_example
 from .errors import OptionError, RequestError
+from .lru import Lru
 from .markup.collector import collector_paused
 from .markup.markers import Markers
 from .markup.nodes import Document
 from .markup.parse import check_size
 from .markup.segments import Segment, to_segments
-from .vocab.binding import Binding
+from .vocab.binding import Binding, bound
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
 
@@ -119,27 +120,62 @@ class Encoded(NamedTuple):
 TokenizerLike = Vocabulary | str | os.PathLike[str] | Any
 
 
-class Template:
-    """A dialect of XTML, ready to render and parse."""
+_Copies = weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Vocabulary]]
+_Pinned = Lru[int, tuple[Any, tuple[Any, ...], Vocabulary]]
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.markers = dialect.markers
-        self._bindings: weakref.WeakKeyDictionary[Vocabulary, Binding] = weakref.WeakKeyDictionary()
-        self._loaded: dict[str, Vocabulary] = {}
+# Tokenizers loaded from a path, by the resolved path: loading one takes a
+# second, and every template of the process may use it.
+_by_path: Lru[str, Vocabulary] = Lru()
+
+
+class Template:
+    """A dialect of XTML, ready to render and parse.
+
+    Read-only: :func:`load` gives the same template to every caller of the
+    process. :meth:`replace` makes one with another ``max_chars``."""
+
+    dialect: Dialect
+    markers: Markers
+    max_chars: int | None
+    """The largest request (characters of its strings, keys included,
+    plus one per value) and the longest parse input (characters of text,
+    or token ids) this template takes; None: no limit. A call's own
+    ``max_chars=`` keyword overrides it. Past it: :class:`RequestError`
+    or :class:`ParseError`, in lenient parses too."""
+    _copies: _Copies
+    _pinned: _Pinned
+
+    def __init__(self, dialect: Dialect, *, max_chars: int | None = MAX_CHARS) -> None:
+        self._init(dialect, _checked_limit(max_chars), weakref.WeakKeyDictionary(), Lru())
+
+    def _init(self, dialect: Dialect, max_chars: int | None, copies: _Copies, pinned: _Pinned) -> None:
+        put: Callable[[str, Any], None] = super().__setattr__
+        put("dialect", dialect)
+        put("markers", dialect.markers)
+        put("max_chars", max_chars)
         # A tokenizer object's Vocabulary (a copy, made once: a large
         # vocabulary takes a second to copy), with the marker ids it was made
         # with. By the object while it lives, or by id() with the object kept
-        # alive, for one that takes no weak reference.
-        self._copies: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Vocabulary]] = \
-            weakref.WeakKeyDictionary()
-        self._pinned: dict[int, tuple[Any, tuple[Any, ...], Vocabulary]] = {}
-        self.max_chars: int | None = MAX_CHARS
-        """The largest request (characters of its strings, keys included,
-        plus one per value) and the longest parse input (characters of text,
-        or token ids) this template takes; None: no limit. A call's own
-        ``max_chars=`` keyword overrides it. Past it: :class:`RequestError`
-        or :class:`ParseError`, in lenient parses too."""
+        # alive, for one that takes no weak reference. The vocabulary keeps
+        # its bindings itself (Vocabulary.derived).
+        put("_copies", copies)
+        put("_pinned", pinned)
+
+    def replace(self, *, max_chars: int | None) -> Template:
+        """This template with another ``max_chars`` (``None``: no limit); it
+        shares this one's copies of tokenizer objects."""
+        t = object.__new__(Template)
+        t._init(self.dialect, _checked_limit(max_chars), self._copies, self._pinned)
+        return t
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):  # the template's own bookkeeping
+            super().__setattr__(name, value)
+            return
+        raise AttributeError(_read_only(name))
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(_read_only(name))
 
     @property
     def name(self) -> str:
@@ -209,22 +245,17 @@ class Template:
         return encode_example(self.dialect, self.bind(tokenizer), request, train=train, options=options)
 
     def bind(self, tokenizer: TokenizerLike) -> Binding:
-        """The binding of this template's markers to ``tokenizer`` (cached)."""
-        vocab = self._vocab(tokenizer)
-        b = self._bindings.get(vocab)
-        if b is None:
-            b = Binding(self.markers, vocab)
-            self._bindings[vocab] = b
-        return b
+        """The binding of this template's markers to ``tokenizer`` (made once
+        per vocabulary and markers, and kept on the vocabulary)."""
+        return bound(self.markers, self._vocab(tokenizer))
 
     def _vocab(self, tokenizer: TokenizerLike) -> Vocabulary:
         if isinstance(tokenizer, Vocabulary):
             return tokenizer
         if isinstance(tokenizer, str | os.PathLike):
             key = str(Path(tokenizer).resolve())
-            if key not in self._loaded:
-                self._loaded[key] = load_tokenizer(tokenizer)
-            return self._loaded[key]
+            loaded = _by_path.get(key)
+            return loaded if loaded is not None else _by_path.put(key, load_tokenizer(tokenizer))
         # A transformers PreTrainedTokenizerFast: its tokenizers.Tokenizer,
         # which holds the added special tokens too.
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -247,9 +278,7 @@ class Template:
         if weak:
             self._copies[tokenizer] = (stamp, vocab)
         else:
-            if len(self._pinned) >= 8:
-                del self._pinned[next(iter(self._pinned))]
-            self._pinned[id(tokenizer)] = (tokenizer, stamp, vocab)
+            self._pinned.put(id(tokenizer), (tokenizer, stamp, vocab))
         return vocab
 
     def generation_prompt(self, *, thinking: bool | None = None) -> list[Segment]:
@@ -368,11 +397,28 @@ class Template:
                      prefill=prefill, max_chars=limit, repaired_calls=repaired_calls)
 
 
-_cache: dict[Any, Template] = {}
+def _checked_limit(max_chars: Any) -> int | None:
+    if max_chars is not None and (type(max_chars) is not int or max_chars < 0):
+        raise OptionError(f"max_chars must be a non-negative integer or None, not {max_chars!r}",
+                          option="max_chars")
+    limit: int | None = max_chars
+    return limit
+
+
+def _read_only(name: str) -> str:
+    if name == "max_chars":
+        return ("a Template is read-only (xtml.load gives the same one to every caller): "
+                "template.replace(max_chars=...) makes one with another limit, or pass max_chars= to a call")
+    return f"a Template is read-only (xtml.load gives the same one to every caller); {name!r} cannot be set"
+
+
+_cache: Lru[Any, Template] = Lru()
 
 
 def load(name_or_path: str | os.PathLike[str] = "kimi-k3") -> Template:
-    """A template by built-in name (``kimi-k3``) or by file path."""
+    """A template by built-in name (``kimi-k3``) or by file path. The same
+    name gives the same (read-only) template while it stays among the
+    last few loaded."""
     name = os.fspath(name_or_path)
     key: Any = name
     try:
@@ -383,9 +429,7 @@ def load(name_or_path: str | os.PathLike[str] = "kimi-k3") -> Template:
         pass
     t = _cache.get(key)
     if t is None:
-        t = Template(load_dialect(name))
-        if len(_cache) < 64:
-            _cache[key] = t
+        t = _cache.put(key, Template(load_dialect(name)))
     return t
 
 

@@ -42,11 +42,21 @@ def browser_paths() -> tuple[str, str]:
 
 
 @contextmanager
-def playground(*args: str) -> Iterator[str]:
+def playground(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """``xtml playground --port 0 ARGS`` running; yields its base URL
-    (``http://127.0.0.1:PORT``) and stops it at the end."""
+    (``http://127.0.0.1:PORT``) and stops it at the end. ``env``: variables
+    set for it on top of this process's."""
+    with playground_printing(*args, env=env) as (url, _):
+        yield url
+
+
+@contextmanager
+def playground_printing(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """:func:`playground`, yielding also the lines it prints (on stderr),
+    those to come included."""
     proc = subprocess.Popen([sys.executable, "-m", "xtml", "playground", "--port", "0", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env} if env is not None else None)
     lines: list[str] = []
     found = threading.Event()
     url: list[str] = []
@@ -66,7 +76,7 @@ def playground(*args: str) -> Iterator[str]:
     try:
         found.wait(START)
         assert url, f"xtml playground did not start: {''.join(lines)[-2000:]}"
-        yield url[0]
+        yield url[0], lines
     finally:
         proc.terminate()
         try:

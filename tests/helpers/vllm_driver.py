@@ -12,9 +12,18 @@ on stdin, writes one JSON answer on stdout:
                         "groupings": [[size, ...], ...]}, ...]}
     job (optional): "builtin": true, to run the cases through vLLM's kimi_k3 parsers too ("builtin" in the
     answer: per case "whole"/"stream" messages, or "whole_error"/"stream_error");
+                    "vllm_as": "other-version" or "other-signature", to load the plugin in a vLLM
+                    made to look like one the whole-answer hook was not written for; "patched", to
+                    load it in a vLLM of another version whose DelegatingParser.parse is the one
+                    "patch" (a unified diff of vllm/parser/abstract_parser.py) makes;
+                    "whole_only": true, to read the cases whole only ("streams" are then empty);
+                    "reasoning_steps": [{"prompt": ids, "completion": ids}, ...], each fed one id a
+                    step ("reasoning_steps" in the answer: per case the "reasoning" delta of each
+                    step, and "decoded": how many ids xtml's vocabulary decoded over them all);
                     "grammar_cases": [{"request": ChatCompletionRequest fields, "stop": [id, ...],
                                        "answers": [ids after the reasoning, ...]}, ...]
-    answer: {"vllm": version, "registered": {...}, "grammars": [{"structural_tag": bool,
+    answer: {"vllm": version, "registered": {...}, "plugin_warnings": [warning, ...],
+             "hands_ids": whether DelegatingParser.parse hands parsers the ids, "grammars": [{"structural_tag": bool,
              "results": [{"taken": n, "terminated": bool}, ...]}, ...],
              "results": [{"whole": message, "streams": [message, ...],
              "announced": [[index, ...], ...], "whole_ambiguous_at": token offset or None,
@@ -49,15 +58,18 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
     from transformers import PreTrainedTokenizerFast
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.parser import ParserManager
+    from vllm.parser.abstract_parser import DelegatingParser
     from vllm.plugins import load_general_plugins
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
+    _look_like(job.get("vllm_as"), DelegatingParser, job.get("patch"))
     # As each vLLM process does; twice, as several do in one.
     load_general_plugins()
     load_general_plugins()
     registered = {"tool": "xtml" in ToolParserManager.list_registered(),
                   "reasoning": "xtml" in ReasoningParserManager.list_registered()}
+    plugin_warnings = list(WARNINGS)
     tok = PreTrainedTokenizerFast(tokenizer_file=job["tokenizer"])
     parser_cls = ParserManager.get_parser(tool_parser_name="xtml", reasoning_parser_name="xtml",
                                           enable_auto_tools=True, tokenizer=tok)
@@ -86,14 +98,15 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
                                       chat_template_kwargs=kwargs)
         plain_whole = _whole(parser(plain), text, ids, plain)
         streams, announced = [], []
-        for sizes, req in [*((g, request) for g in case["groupings"]), ([3], plain)]:
+        runs = [] if job.get("whole_only") else [*((g, request) for g in case["groupings"]), ([3], plain)]
+        for sizes, req in runs:
             got, seen = _stream(parser(req), tok, ids, sizes, req, case["prompt"])
             streams.append(got)
             announced.append(seen)
         p = parser(request)
         results.append({"whole": whole, "whole_ambiguous_at": ambiguous_at, "whole_warnings": warnings,
                         "streams": streams[:-1], "announced": announced[:-1],
-                        "plain_whole": plain_whole, "plain_stream": streams[-1],
+                        "plain_whole": plain_whole, "plain_stream": streams[-1] if streams else None,
                         "ended_at_prompt": p.is_reasoning_end(case["prompt"]),
                         "ended_at_completion": p.is_reasoning_end([*case["prompt"], *ids]),
                         "keeps_special_tokens": request.skip_special_tokens is False
@@ -101,8 +114,91 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
     builtin = [_builtin(ParserManager, ChatCompletionRequest, tok, tools, case, job.get("stop", ()))
                for case in job["cases"]] \
         if job.get("builtin") else []
-    return {"vllm": version("vllm"), "registered": registered, "results": results, "builtin": builtin,
+    steps = [_reasoning_steps(parser_cls, tok, case) for case in job.get("reasoning_steps", ())]
+    return {"vllm": version("vllm"), "registered": registered, "plugin_warnings": plugin_warnings,
+            "hands_ids": getattr(DelegatingParser.parse, "_xtml_hands_ids", False), "results": results,
+            "builtin": builtin, "reasoning_steps": steps,
             "grammars": [_grammar(parser_cls, tok, g) for g in job.get("grammar_cases", ())]}
+
+
+def _look_like(what: str | None, delegating: Any, patch: str | None) -> None:
+    """Make this vLLM look like one the whole-answer hook was not written
+    for: another version, or a DelegatingParser.parse of another signature;
+    or another version with the patch applied to its DelegatingParser.parse."""
+    if what == "patched":
+        delegating.parse = _patched(patch or "").DelegatingParser.parse
+        what = "other-version"
+    if what == "other-version":
+        import importlib.metadata
+
+        real = importlib.metadata.version
+        importlib.metadata.version = lambda name: "0.34.0" if name == "vllm" else real(name)  # type: ignore[assignment]
+    elif what == "other-signature":
+        parse = delegating.parse
+
+        def changed(self: Any, model_output: str, request: Any, enable_auto_tools: bool = False,
+                    model_output_token_ids: Any = (), **more: Any) -> Any:
+            return parse(self, model_output, request, enable_auto_tools, model_output_token_ids)
+
+        delegating.parse = changed
+    elif what is not None:
+        raise ValueError(what)
+
+
+def _patched(patch: str) -> Any:
+    """vllm/parser/abstract_parser.py with the patch's one hunk applied, as
+    a module of its own."""
+    import types
+
+    import vllm.parser.abstract_parser as original
+
+    body = patch[patch.index("\n@@"):].split("\n")[2:]
+    old = [line[1:] for line in body if line[:1] in (" ", "-")]
+    new = [line[1:] for line in body if line[:1] in (" ", "+")]
+    with open(original.__file__, encoding="utf-8") as f:
+        source = f.read()
+    old_text, new_text = "\n".join(old) + "\n", "\n".join(new) + "\n"
+    if source.count(old_text) != 1:
+        raise ValueError("the patch does not apply to this vLLM")
+    module = types.ModuleType("vllm.parser.abstract_parser")
+    module.__file__ = original.__file__
+    exec(compile(source.replace(old_text, new_text), original.__file__, "exec"), module.__dict__)
+    return module
+
+
+def _reasoning_steps(parser_cls: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
+    """A completion fed one id a step through vLLM's composed parser, as the
+    server streams it: the reasoning delta of each step, and how many ids
+    xtml's vocabulary decoded over the whole stream."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from xtml.vocab.vocabulary import Vocabulary
+
+    decoded = 0
+    decode = Vocabulary.decode
+
+    def counted(self: Vocabulary, ids: Any) -> str:
+        nonlocal decoded
+        decoded += len(ids)
+        return decode(self, ids)
+
+    kwargs = {"thinking": True}
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], model="m",
+                                    chat_template_kwargs=kwargs)
+    p = parser_cls(tok, None, chat_template_kwargs=kwargs, model_config=None)
+    p.set_prompt_token_ids(case["prompt"])
+    p.adjust_request(request)
+    ids = case["completion"]
+    reasoning = []
+    Vocabulary.decode = counted  # type: ignore[method-assign]
+    try:
+        for k, t in enumerate(ids):
+            d = p.parse_delta(tok.decode([t], skip_special_tokens=False), [t], request,
+                              prompt_token_ids=case["prompt"], finished=k == len(ids) - 1)
+            reasoning.append((d.reasoning or "") if d is not None else "")
+    finally:
+        Vocabulary.decode = decode  # type: ignore[method-assign]
+    return {"reasoning": reasoning, "decoded": decoded}
 
 
 def _builtin(manager: Any, request_cls: Any, tok: Any, tools: list[Any], case: dict[str, Any],

@@ -21,8 +21,9 @@ sequence id, at a stop id, at ``max_tokens``.
 
     job:    {"model": folder, "dist": folder of xtml's .dist-info,
              "cases": [{"request": ChatCompletionRequest fields, "answer": ids}, ...]}
-    answer: {"vllm": version, "results": [{"prompt": ids the engine got, "whole": ChatCompletionResponse
-             as JSON, "sse": [each string the streamed response yields, ...], "whole_warnings": n,
+    answer: {"vllm": version, "hands_ids": whether DelegatingParser.parse hands parsers the ids,
+             "results": [{"prompt": ids the engine got, "whole": ChatCompletionResponse as JSON,
+             "sse": [each string the streamed response yields, ...], "whole_warnings": n,
              "steps": ids generated}, ...]}
 """
 
@@ -151,7 +152,10 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
     async def run_all() -> list[dict[str, Any]]:
         return [await run(case) for case in job["cases"]]
 
-    return {"vllm": version("vllm"), "results": asyncio.run(run_all())}
+    from vllm.parser.abstract_parser import DelegatingParser
+
+    return {"vllm": version("vllm"), "hands_ids": getattr(DelegatingParser.parse, "_xtml_hands_ids", False),
+            "results": asyncio.run(run_all())}
 
 
 if __name__ == "__main__":

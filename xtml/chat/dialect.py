@@ -10,8 +10,9 @@ reads a file.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import TemplateError
 from ..markup.markers import Markers
@@ -21,6 +22,42 @@ from ..plugins.api import ContentExtension
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 POSITIONS = ("global", "inline", "one-shot")
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class ReadOnlyDict(dict[_K, _V]):
+    """A dict no one can change: a dialect is shared by every caller of
+    ``xtml.load`` in the process, so one caller's edit would be everyone's.
+    Reads are a plain dict's (and so is its speed); make a changed copy with
+    ``dict(d)``."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("a dialect's tables are read-only (shared by every user of the template); "
+                        "copy one with dict(...)")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[_K, _V]]]:
+        # pickle would otherwise rebuild it item by item through __setitem__.
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> ReadOnlyDict[_K, _V]:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyDict[_K, _V]:
+        return self
+
+
+def _frozen(obj: object, names: Iterable[str]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, ReadOnlyDict):
+            object.__setattr__(obj, name, ReadOnlyDict(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +189,9 @@ class Training:
     budgets: dict[str, int] = field(default_factory=dict)
     """Token budget of the think channel per thinking effort."""
 
+    def __post_init__(self) -> None:
+        _frozen(self, ("budgets",))
+
 
 HOLDS = ("reasoning", "content", "tool_calls")
 """What a channel may hold: the request fields ``reasoning_content``,
@@ -214,6 +254,9 @@ class Dialect:
     off_wins: bool = False
     """Whether a ``reasoning_effort`` in ``thinking_off`` turns thinking off
     even when ``thinking`` is true (else that contradiction is an error)."""
+
+    def __post_init__(self) -> None:
+        _frozen(self, ("names", "role_aliases", "system", "plugins", "part_owner", "element_owner"))
 
     def n(self, key: str) -> str:
         """An element or attribute name by its role (``message``, ``role`` ...)."""

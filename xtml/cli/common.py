@@ -105,5 +105,5 @@ def extra_missing(command: str, extra: str, module: str) -> str:
             f"(from a clone: pip install -e '.[{extra}]')")
 
 
-TOKENIZER_HELP = ("tokenizer.json, a tiktoken BPE file, or a model folder (tokenizer.json, or a tiktoken "
-                  "vocabulary with tokenizer_config.json)")
+TOKENIZER_HELP = ("tokenizer.json, a tiktoken BPE file, a GGUF model file, or a model folder (tokenizer.json, "
+                  "or a tiktoken vocabulary with tokenizer_config.json)")

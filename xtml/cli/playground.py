@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from ..template import load
 from ..vocab.load import load_tokenizer
 from .common import TOKENIZER_HELP, require
+from .output import UsageError
 from .serve import SERVE_MODULES, port_number, serve_app
 
 COMMANDS = ("playground",)
@@ -24,6 +26,9 @@ request, pick a template (or paste one), and look at its tokens, the training ma
 completion, the stream replayed delta by delta, and the tokens the completion grammar allows next (with
 llguidance installed). It loads nothing from another host. It listens on 127.0.0.1 unless --host says
 otherwise: the page runs whatever templates and requests it is sent, so keep it off shared networks.
+It answers only requests that name the address it listens on (a page of another site is refused) and
+JSON sent as such; with --api-key (or XTML_API_KEY) its API also needs the key, and it prints the
+address to open with the key in it (after #, which a browser never sends: the page keeps it).
 """
 
 
@@ -42,6 +47,13 @@ def add_commands(sub: Any) -> None:
                    help="add the template's markers to the tokenizer as special tokens (a base model's tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8765, help="port to listen on (default: 8765; 0: any free one)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another host name the page may be reached by (a proxy's, say); repeat for more. The "
+                        "address it listens on, localhost and the loopback addresses are always allowed")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on the API (/api/*); the page takes the key from the "
+                        "address printed. Default: the XTML_API_KEY environment variable, which, unlike the command "
+                        "line, other users of the machine cannot read; none: no key is asked for")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning",
                    help="uvicorn's log level (default: warning)")
 
@@ -50,7 +62,15 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the playground until interrupted; returns the exit status."""
     require("xtml playground", "serve", *SERVE_MODULES)
     from ..playground.app import create_app
+    from ..serving.auth import API_KEY_ENV, api_key_from, check_api_key
     from ..serving.limits import Limits
+
+    key = api_key_from(args.api_key)
+    if key is not None:
+        try:
+            check_api_key(key)
+        except ValueError as e:
+            raise UsageError(f"{'--api-key' if args.api_key is not None else API_KEY_ENV}: {e}") from None
 
     tpl = load(args.template)  # a bad template file is one line, before anything listens
     vocab = None
@@ -60,5 +80,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     name = None
     if args.tokenizer:
         name = args.tokenizer + (" (markers added)" if args.add_markers else "")
-    app = create_app(vocab, template=args.template, tokenizer_name=name)
-    return serve_app(app, args.host, args.port, Limits(), args.log_level, lambda url: f"xtml playground: {url}")
+    app = create_app(vocab, template=args.template, tokenizer_name=name, host=args.host,
+                     allow_hosts=args.allow_host, api_key=key)
+
+    def banner(url: str) -> str:
+        if key is None:
+            return f"xtml playground: {url}"
+        # The fragment stays in the browser: the page reads the key from it,
+        # keeps it for the tab, and takes it out of the address bar.
+        return f"xtml playground: {url}\nxtml playground: open {url}#key={quote(key, safe='')}"
+
+    return serve_app(app, args.host, args.port, Limits(), args.log_level, banner)

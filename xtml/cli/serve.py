@@ -121,6 +121,10 @@ def add_commands(sub: Any) -> None:
     store.add_argument("--store-bytes", type=_store_bytes, default=256 << 20, metavar="SIZE",
                        help="most bytes of responses kept, as JSON (default: 256MiB; the oldest goes first; a "
                             "larger response is not kept)")
+    s.add_argument("--api-key", metavar="KEY",
+                   help="answer 401 to every request but GET /health that lacks 'Authorization: Bearer KEY' (the "
+                        "openai SDK's api_key); default: the XTML_API_KEY environment variable, which, unlike the "
+                        "command line, other users of the machine cannot read; none: no key is asked for")
     s.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default: info)")
 
@@ -187,6 +191,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--backend must be an http:// or https:// URL, not {args.backend!r}")
     require("xtml serve", "serve", *SERVE_MODULES)
     try:
+        from ..serving.auth import API_KEY_ENV, api_key_from, check_api_key
         from ..serving.gateway import check_backend_url, create_app
         from ..serving.limits import Limits
     except ImportError as e:
@@ -197,6 +202,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--grammar-format gbnf is llama.cpp's syntax: the {args.backend_kind} backend takes "
                          "llguidance grammars")
     check_backend_url(args.backend)  # before the tokenizer takes its time to load
+    api_key = api_key_from(args.api_key)
+    if api_key is not None:
+        try:
+            check_api_key(api_key)
+        except ValueError as e:
+            where = "--api-key" if args.api_key is not None else API_KEY_ENV
+            raise UsageError(f"{where}: {e}") from None
     tpl = load(args.template)
     vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
     # Markers that do not fit the tokenizer are found now, not at the first request.
@@ -204,12 +216,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,
                      timeout=args.backend_timeout, grammar=args.grammar,
                      grammar_format=args.grammar_format, max_body=args.max_body,
-                     store_entries=args.store_entries, store_age=args.store_age, store_bytes=args.store_bytes)
+                     store_entries=args.store_entries, store_age=args.store_age, store_bytes=args.store_bytes,
+                     api_key=api_key)
     limits = Limits(header_bytes=args.max_header_size, header_lines=args.max_header_lines,
                     header_timeout=args.header_timeout, body_idle=args.body_timeout,
                     connections=args.max_connections)
     return serve_app(app, args.host, args.port, limits, args.log_level,
-                     lambda url: f"xtml serve: {url}v1 in front of {args.backend_kind} at {args.backend}")
+                     lambda url: f"xtml serve: {url}v1 in front of {args.backend_kind} at {args.backend}"
+                                 + (" (API key required)" if api_key is not None else ""))
 
 
 def serve_app(app: Any, host: str, port: int, limits: Limits, log_level: str, banner: Callable[[str], str]) -> int:

@@ -229,7 +229,13 @@ class Conversation:
 
     def append(self, message: Any) -> None:
         """Add one message (a dict as ``encode`` takes it, or an object with
-        ``model_dump``)."""
+        ``model_dump``); a list of messages goes to :meth:`extend`. Anything
+        else raises :class:`~xtml.errors.MessageError` with the index the
+        message would have had."""
+        if isinstance(message, list | tuple):
+            with self._lock:
+                raise MessageError(f"append takes one message, not a {type(message).__name__} of them: "
+                                   "extend() adds several", index=len(self._turns))
         self.extend((message,))
 
     def extend(self, messages: Iterable[Any]) -> None:
@@ -383,9 +389,15 @@ class Conversation:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
             raise RequestError(f"expected a list of messages, not {type(messages).__name__}")
         try:
-            return fields.messages_of(list(messages), self._ignore, KNOWN_MESSAGE_KEYS)
+            out = fields.messages_of(list(messages), self._ignore, KNOWN_MESSAGE_KEYS)
         except RequestError as e:
             raise _shifted(e, start) from None
+        # Refused here, as encode's check refuses them, before anything reads
+        # a message as a mapping.
+        for i, m in enumerate(out):
+            if not isinstance(m, Mapping):
+                raise MessageError(f"a message must be an object, not {type(m).__name__}", index=start + i)
+        return out
 
     def _options_size(self, opts: Mapping[str, Any]) -> int:
         assert self._limit is not None

@@ -24,7 +24,6 @@ Lenient by default: nothing the model writes makes it raise.
 from __future__ import annotations
 
 import re
-import weakref
 from codecs import utf_8_decode as _utf8
 from collections import Counter, deque
 from collections.abc import Iterable
@@ -1036,30 +1035,29 @@ class StreamParser:
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
-_byte_ids: weakref.WeakKeyDictionary[Vocabulary, frozenset[int]] = weakref.WeakKeyDictionary()
 
 
 def _byte_fallback_ids(vocab: Vocabulary) -> frozenset[int]:
     """The ids of byte tokens (``<0xE6>``) of a byte-fallback vocabulary
-    (found once per vocabulary)."""
-    found = _byte_ids.get(vocab)
+    (found once per vocabulary, and kept on it)."""
+    found: frozenset[int] | None = vocab.derived.get(_byte_fallback_ids)
     if found is None:
         tok = vocab.tokenizer
         get_vocab = getattr(tok, "get_vocab", None)
         pairs = get_vocab(with_added_tokens=False).items() if callable(get_vocab) else ()
-        found = _byte_ids[vocab] = frozenset(i for s, i in pairs if _BYTE_TOKEN.fullmatch(s))
+        found = vocab.derived[_byte_fallback_ids] = frozenset(i for s, i in pairs if _BYTE_TOKEN.fullmatch(s))
     return found
 
 
 _Prompt = tuple[int, tuple[tuple[str, str, int], ...]]
-_prompts: weakref.WeakKeyDictionary[Binding, dict[tuple[str, str, str], _Prompt]] = weakref.WeakKeyDictionary()
 
 
 def _prompt_lexemes(d: Dialect, binding: Binding, thinking: bool) -> _Prompt:
     """The length in ids and the lexemes of the generation prompt: the
     assistant message and the channel it opens, both left open (made once
-    per binding and mode: a server starts a stream per request)."""
-    cache = _prompts.setdefault(binding, {})
+    per binding and mode, and kept on the binding: a server starts a stream
+    per request)."""
+    cache: dict[tuple[str, str, str], _Prompt] = binding.derived.setdefault(_prompt_lexemes, {})
     n = d.names
     key = (n["message"], n["role"], d.prompt_tag(thinking))
     hit = cache.get(key)

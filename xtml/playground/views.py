@@ -10,29 +10,40 @@ location when the facade gave one.
 
 from __future__ import annotations
 
+import codecs
 import random
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chat.dialect import Dialect
+from ..chat.keys import locate
 from ..chat.template_file import BUILTIN, builtin_files, check_text
 from ..errors import OptionError, XtmlError
 from ..markup.nodes import Element
 from ..markup.segments import Segment
 from ..plugins.jsonfmt import BadInput, input_json
 from ..serving.openai import ChunkStream, chat_completion
-from ..template import Template, load
+from ..template import Ambiguity, Template, load
 from ..training import overruns, with_training_defaults
 from ..vocab.binding import Binding
 from ..vocab.vocabulary import Vocabulary
 
-__all__ = ["MAX_PAGE", "FieldError", "Session", "default_tokenizer"]
+__all__ = ["MAX_IDS", "MAX_PAGE", "MAX_TEXT", "FieldError", "Session", "default_tokenizer"]
 
 MAX_PAGE = 1000
 """Most entries of the grammar's "allowed next" list in one answer."""
 MAX_STEPS = 4000
 """Most steps of a replayed stream in one answer (a step is one delta)."""
+MAX_TEXT = 1 << 20
+"""Most characters of a render the render view shows, token by token. The
+page draws an element per token, so more helps nobody; and a view's work
+stays bounded, so a request its page gave up on does not hold a thread for
+long."""
+MAX_IDS = 1 << 18
+"""Most ids of a completion the parse, stream and grammar views read."""
 
 _AT = re.compile(r"\(at line (\d+), column (\d+)\)")
 
@@ -155,6 +166,10 @@ class Session:
     """None: each template gets the small BPE of :func:`default_tokenizer`."""
     default_template: str = "kimi-k3"
     tokenizer_name: str = "a small byte-level BPE made on the spot"
+    trusted: set[str] = field(default_factory=set)
+    """Template texts that may read local files: the one the playground was
+    started with (its operator's). Any other template comes from whoever can
+    reach the API, and may not."""
     _pasted: dict[str, Template] = field(default_factory=dict)
     _made: dict[str, Vocabulary] = field(default_factory=dict)
     _ll: dict[int, Any] = field(default_factory=dict)
@@ -181,6 +196,8 @@ class Session:
                     hint = f"; {p.hint}" if p.hint else ""
                     raise FieldError(f"{p.message}{hint}{more}", field="template", location=p.where("template.toml"),
                                      line=p.line, column=p.column)
+                if text not in self.trusted:
+                    _refuse_file_reading(d, text)
                 t = Template(d)
                 if len(self._pasted) >= 16:
                     del self._pasted[next(iter(self._pasted))]
@@ -225,6 +242,7 @@ class Session:
             if not isinstance(data, list):
                 raise FieldError(f"completion: expected a JSON array of token ids, not {_kind(data)}",
                                  field="completion")
+            _at_most(data)
             for k, x in enumerate(data):
                 if type(x) is not int:
                     raise FieldError(f"completion: expected a JSON array of token ids: element {k} is "
@@ -237,8 +255,11 @@ class Session:
             return data
         if kind != "text":
             raise FieldError(f"from must be \"text\" or \"ids\", not {str(kind)[:40]!r}", field="from")
+        if len(raw) > MAX_TEXT:
+            raise FieldError(f"completion: {len(raw):,} characters, more than the {MAX_TEXT:,} the playground "
+                             "reads", field="completion")
         try:
-            return t.completion_ids(raw, vocab)
+            return _at_most(t.completion_ids(raw, vocab))
         except XtmlError as e:
             raise _from(e, "completion") from None
 
@@ -256,6 +277,9 @@ class Session:
         b = self.binding(t)
         try:
             rendered = t.render(request, **options)
+            if len(rendered.text) > MAX_TEXT:
+                raise FieldError(f"the request renders to {len(rendered.text):,} characters, more than the "
+                                 f"{MAX_TEXT:,} the playground shows", field="request")
             doc = t.document(request, **options)
             ids = t.encode(request, b.vocab, **options)
         except XtmlError as e:
@@ -277,9 +301,9 @@ class Session:
         roles = _roles(doc, t)
         for k, m in messages.items():
             m["role"] = roles.get(k)
-        ambiguous = [{"offset": a.offset, "marker": a.marker, "message": a.message,
-                      "tokens": _literal_tokens(rendered.segments, a.segment, a.offset, len(a.marker), b)}
-                     for a in rendered.ambiguous]
+        found = rendered.ambiguous
+        ambiguous = [{"offset": a.offset, "marker": a.marker, "message": a.message, "tokens": span}
+                     for a, span in zip(found, _literal_tokens(rendered.segments, found, b), strict=True)]
         result: dict[str, Any] = {
             "template": t.name, "tokenizer": self.tokenizer_name, "ids": ids, "tokens": out_tokens,
             "messages": list(messages.values()), "text": rendered.text, "ambiguous": ambiguous,
@@ -355,6 +379,12 @@ class Session:
         chunks = ChunkStream(model=t.name, template=t, id="chatcmpl-playground", created=0,
                              ids=_call_ids())
         steps: list[dict[str, Any]] = []
+        # Markers among the first k ids, so that whether a held run holds one
+        # is known without reading it: a tag that never reaches its
+        # separator holds every id after it, step after step.
+        markers = [0]
+        for i in ids:
+            markers.append(markers[-1] + (i in b.kind_of_id))
         at = 0
         shown = 0  # ids up to here have shown up in an event
         for size in [*sizes, 0]:
@@ -365,10 +395,14 @@ class Session:
             for e in events:
                 shown = max(shown, e.offset + 1)
             out_chunks = chunks.feed(events)
-            held = ids[shown:at] if size else []
+            # The held ids are the answer's tokens[held_from:held_from+held]:
+            # said by their extent, not again as tokens at every step.
+            held_from = min(shown, at) if size else at
+            held = at - held_from
+            why = _why_held(b, ids, held_from, at, markers[at] > markers[held_from])
             steps.append({"start": at - size, "ids": fed, "closed": not size, "events": out_events,
-                          "chunks": out_chunks, "held": self._tokens_of(b, held),
-                          "why": _why_held(b, held), "state": parser.state.value})
+                          "chunks": out_chunks, "held": held, "held_from": held_from, "why": why,
+                          "state": parser.state.value})
         return {"tokens": self._tokens_of(b, ids), "steps": steps, "message": chunks.message}
 
     # -- grammar -------------------------------------------------------------------
@@ -444,6 +478,30 @@ class Session:
         return lltok
 
 
+def _refuse_file_reading(d: Dialect, text: str) -> None:
+    """A located error if the template would read local files named in
+    requests (``read_files = true`` in a plugin's table): through the API, a
+    pasted template or a shared link's would let anyone who can reach the
+    page open this machine's image and audio files."""
+    for name, conf in d.plugins.items():
+        if getattr(conf, "read_files", False) is True:
+            key = f"plugins.{name}.read_files"
+            pos = locate(text, key)
+            line, column = pos if pos is not None else (None, None)
+            where = f"template.toml:{line}:{column}: {key}" if line is not None else f"template.toml: {key}"
+            raise FieldError(f"{key} = true: a template sent to the playground may not read local files (a "
+                             "request's image or audio path would be opened on this machine); to use one that "
+                             "does, start the playground with it: xtml playground -t FILE", field="template",
+                             location=where, line=line, column=column)
+
+
+def _at_most(ids: list[int]) -> list[int]:
+    if len(ids) > MAX_IDS:
+        raise FieldError(f"completion: {len(ids):,} ids, more than the {MAX_IDS:,} the playground reads",
+                         field="completion")
+    return ids
+
+
 def _thinking(body: Mapping[str, Any]) -> bool | None:
     v = body.get("thinking")
     if v is not None and type(v) is not bool:
@@ -477,20 +535,21 @@ def _event(e: Any) -> dict[str, Any]:
                            "message", "stop_reason", "diagnostic", "role") if (v := getattr(e, k)) is not None}
 
 
-def _why_held(b: Binding, held: Sequence[int]) -> str:
-    """Why ids read have not shown in an event yet."""
-    if not held:
+def _why_held(b: Binding, ids: Sequence[int], start: int, end: int, marker: bool) -> str:
+    """Why ``ids[start:end]``, read, have not shown in an event yet
+    (``marker``: whether a marker is among them). Looks at the run's last
+    few ids at most: a run that is not cut inside a character is text the
+    parser is still reading, however long it is."""
+    if start >= end:
         return ""
-    kinds = b.kind_of_id
-    first = next((k for k, i in enumerate(held) if i in kinds), None)
-    if first is not None:
+    if marker:
         return ("a tag: what it opens or closes is known at its separator marker, so its marker and name wait "
                 "for it")
     table = b.vocab.byte_table()
-    raw = b"".join(table[i] for i in held if i < len(table))
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
+    tail = b"".join(table[i] for i in ids[max(start, end - 4) : end] if i < len(table))[-4:]
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(tail, final=False)
+    if decoder.getstate()[0]:
         return "bytes of a character not complete yet: text goes out in whole characters"
     return "text that may still be part of a tag or an element the parser is reading"
 
@@ -527,23 +586,68 @@ def _roles(doc: Any, t: Template) -> dict[int, str]:
     return out
 
 
-def _literal_tokens(segments: Sequence[Segment], segment: int, offset: int, length: int,
-                    b: Binding) -> list[int]:
-    """The first and last token of a marker literal at character ``offset``
-    of the text, in text segment ``segment``."""
-    first = sum(len(b.encode_segments([s])) for s in segments[:segment])
-    seg_chars = sum(len(s.text) for s in segments[:segment])
-    ids = b.encode_segments([segments[segment]])
-    start, end = offset - seg_chars, offset - seg_chars + length
-    lo = hi = None
-    for k in range(len(ids)):
-        # Characters before the end of token k: decoded prefixes, since one
-        # token may hold part of a character.
-        upto = len(b.vocab.decode(ids[: k + 1]))
-        if lo is None and upto > start:
-            lo = k
-        if upto >= end:
-            hi = k
-            break
-    lo = len(ids) - 1 if lo is None else lo
-    return [first + lo, first + (len(ids) - 1 if hi is None else hi)]
+def _literal_tokens(segments: Sequence[Segment], found: Sequence[Ambiguity], b: Binding) -> list[list[int]]:
+    """The first and last token of each marker literal of ``found``, as
+    ``[first, last]`` offsets among the render's ids.
+
+    Each segment is encoded once (its ids and those of the segments before
+    it are what the render's ids are made of), and each literal's characters
+    are found among its segment's tokens by the tokens' lengths, added up
+    once per segment: the cost is the render's size plus a search per
+    literal, however many literals there are."""
+    if not found:
+        return []
+    per_segment = [b.encode_segments([s]) for s in segments]
+    first: list[int] = []
+    total = 0
+    for ids in per_segment:
+        first.append(total)
+        total += len(ids)
+    starts: list[int] = []
+    at = 0
+    for s in segments:
+        starts.append(at)
+        at += len(s.text)
+    by_segment: dict[int, list[int]] = {}
+    for k, a in enumerate(found):
+        by_segment.setdefault(a.segment, []).append(k)
+    out: list[list[int]] = [[] for _ in found]
+    for seg, which in by_segment.items():
+        ids = per_segment[seg]  # never empty: the segment holds the literal
+        text = segments[seg].text
+        spans = [(found[k].offset - starts[seg], found[k].offset - starts[seg] + len(found[k].marker)) for k in which]
+        ends, where = _token_ends(text, ids, [p for span in spans for p in span], b)
+        for k, (lo_at, hi_at) in zip(which, zip(where[::2], where[1::2], strict=True), strict=True):
+            # The first token ending past the literal's start, and the first
+            # ending at or past its end (the segment's last for a literal
+            # that runs on into the next segment).
+            lo = min(bisect_right(ends, lo_at), len(ids) - 1)
+            hi = min(bisect_left(ends, hi_at), len(ids) - 1)
+            out[k] = [first[seg] + lo, first[seg] + hi]
+    return out
+
+
+def _token_ends(text: str, ids: Sequence[int], chars: Sequence[int], b: Binding) -> tuple[list[int], list[int]]:
+    """Where each token of ``text`` (encoded as ``ids``) ends, and where
+    each character offset of ``chars`` is, in the same unit: UTF-8 bytes
+    when the vocabulary has a byte table (a token may hold part of a
+    character), else characters, from the tokenizer's own offsets."""
+    table = b.vocab.byte_table()
+    if table and all(i < len(table) for i in ids):
+        ends: list[int] = []
+        n = 0
+        for i in ids:
+            n += len(table[i])
+            ends.append(n)
+        # Characters to bytes in one walk of the text, in offset order.
+        order = sorted(range(len(chars)), key=chars.__getitem__)
+        where = [0] * len(chars)
+        pos = nbytes = 0
+        for j in order:
+            c = min(max(chars[j], 0), len(text))
+            nbytes += len(text[pos:c].encode("utf-8", "surrogatepass"))
+            pos = c
+            where[j] = nbytes
+        return ends, where
+    encoding = b.vocab.tokenizer.encode(text, add_special_tokens=False)
+    return [end for _, end in encoding.offsets], list(chars)

@@ -4,7 +4,8 @@ There is one door: the ``xtml.plugins`` entry-point group. An installed
 distribution declares ``name = "module:object"`` there; a template enables the
 plugin with a ``[plugins.NAME]`` table holding its settings. Built-in plugins
 come through the same group (see this package's ``pyproject.toml``), and
-:func:`use` registers one from Python code without installing anything.
+:func:`use` registers one from Python code without installing anything
+(:func:`unuse` takes it back; :func:`using` does both around a block).
 
 A plugin is an object with:
 
@@ -42,7 +43,8 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib.metadata import EntryPoint, EntryPoints, entry_points
 from typing import Any
 
@@ -90,6 +92,38 @@ def use(plugin: Plugin) -> Plugin:
         raise TemplateError(f"plugin name {plugin.name!r} is already taken by {origin}")
     _explicit[plugin.name] = plugin
     return plugin
+
+
+def unuse(plugin: Plugin | str) -> None:
+    """Take back a plugin given to :func:`use` (the plugin, or its name), as
+    if it had never been registered: templates loaded afterwards cannot
+    enable it, and its name is free again. Templates already loaded keep
+    what it configured for them. Installed plugins cannot be taken back."""
+    name = plugin if isinstance(plugin, str) else getattr(plugin, "name", None)
+    have = _explicit.get(name) if isinstance(name, str) else None
+    if have is None or (not isinstance(plugin, str) and have is not plugin):
+        raise TemplateError(f"{plugin!r} was not given to use()" if have is None else
+                            f"plugin name {name!r} was given to use() by another plugin, {_origin(have)}")
+    del _explicit[have.name]
+
+
+@contextmanager
+def using(*plugins: Plugin) -> Iterator[tuple[Plugin, ...]]:
+    """:func:`use` each plugin for the ``with`` block, then :func:`unuse`
+    those that were not registered before it (tests, one-off scripts)."""
+    added: list[Plugin] = []
+    try:
+        for p in plugins:
+            name = getattr(p, "name", None)
+            before = _explicit.get(name) if isinstance(name, str) else None
+            use(p)
+            if before is not p:
+                added.append(p)
+        yield plugins
+    finally:
+        for p in reversed(added):
+            if _explicit.get(p.name) is p:
+                del _explicit[p.name]
 
 
 def _origin(p: object) -> str:
@@ -210,5 +244,5 @@ def configure(name: str, settings: Mapping[str, Any], where: str) -> Any:
 
 
 __all__ = ["ATTRIBUTE_TYPES", "BUILTIN", "GROUP", "ContentExtension", "Context", "Plugin", "PluginWarning", "broken",
-           "check_attributes", "configure", "get", "installed", "use"]
+           "check_attributes", "configure", "get", "installed", "unuse", "use", "using"]
 

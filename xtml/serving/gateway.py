@@ -17,6 +17,9 @@ that takes and gives token ids.
 * ``GET /v1/models`` — the one model served;
 * ``GET /health`` — 200 when the backend says it is ready, else 503.
 
+With an API key (``api_key``), every other path answers 401 unless the
+request carries ``Authorization: Bearer KEY`` (:mod:`.auth`).
+
 Errors are OpenAI error objects, ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a bad request (``param`` names where: ``messages[2].role``),
 502 when the backend is unreachable, fails or answers garbage, 504 when it
@@ -58,6 +61,7 @@ from starlette.types import Receive, Scope, Send
 from ..chat import fields
 from ..chat.request import TEXT_PART_TYPES
 from ..errors import MessageError, OptionError, RequestError, XtmlError, shown
+from .auth import BearerGuard, check_api_key
 from .engines import BACKENDS, Backend, BackendError, Generation, Piece, dumps, one_choice, sampling
 from .openai import (
     SSE_DONE,
@@ -95,8 +99,9 @@ KEEP_ALIVE = 65
 clients (httpx, the openai SDK) keep one, so that the server never closes a
 connection just as a client sends its next request on it."""
 _THREAD_BODY = 64 << 10
-"""Bodies larger than this are rendered in a worker thread, so that a long
-prompt does not hold up the streams of other requests."""
+"""Requests larger than this (their body, and the stored conversation a
+Responses follow-up continues) are rendered in a worker thread, so that a
+long prompt does not hold up the streams of other requests."""
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
@@ -164,6 +169,10 @@ class _Job:
     legacy: bool = False
     """Tools declared as the deprecated ``functions``: the answer's call is
     a ``function_call``."""
+    max_calls: int | None = None
+    """The most calls an answer hands back: 1 when the request set
+    ``parallel_tool_calls`` false (an engine given no grammar, or one that
+    ignores it, may make more)."""
 
 
 class Gateway:
@@ -183,13 +192,15 @@ class Gateway:
     request body read, in bytes (default :data:`MAX_BODY`): past it the
     answer is a 413, before the rest is read. ``store_entries``,
     ``store_bytes`` and ``store_age`` (seconds) bound the responses kept for the Responses
-    API's ``previous_response_id`` (:class:`~.responses.ResponseStore`)."""
+    API's ``previous_response_id`` (:class:`~.responses.ResponseStore`).
+    ``api_key``: every path but ``/health`` answers 401 to a request without
+    ``Authorization: Bearer`` and this key (:class:`~.auth.BearerGuard`)."""
 
     def __init__(self, template: Template, tokenizer: Any, backend: str, *, kind: str = "vllm",
                  model: str | None = None, backend_model: str | None = None, timeout: float = 600.0,
                  grammar: bool = True, grammar_format: str | None = None, max_body: int = MAX_BODY,
                  store_entries: int = MAX_ENTRIES, store_age: float = MAX_AGE,
-                 store_bytes: int = MAX_BYTES) -> None:
+                 store_bytes: int = MAX_BYTES, api_key: str | None = None) -> None:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
@@ -203,6 +214,12 @@ class Gateway:
             raise OptionError(f"max_body must be a positive number of bytes, not {shown(max_body)}",
                               option="max_body")
         self.max_body = max_body
+        if api_key is not None:
+            try:
+                check_api_key(api_key)
+            except ValueError as e:
+                raise OptionError(str(e), option="api_key") from None
+        self.api_key = api_key
         try:
             self.store = ResponseStore(store_entries, store_age, max_bytes=store_bytes)
         except ValueError as e:
@@ -241,6 +258,8 @@ class Gateway:
                    exception_handlers={HTTPException: self._http_error, Exception: self._server_error})
         app.chat = self.serve_chat
         app.responses = self.serve_responses
+        if self.api_key is not None:
+            app.guard = BearerGuard(app.route, self.api_key, _guarded)
         return app
 
     @contextlib.asynccontextmanager
@@ -310,9 +329,9 @@ class Gateway:
             if self.store.delete(id):
                 return _json({"id": id, "object": "response", "deleted": True})
         else:
-            stored = self.store.get(id)
+            stored = self.store.response_json(id)
             if stored is not None:
-                return _json(stored.response)
+                return Response(stored, media_type="application/json")
         return _error(404, f"no response with id {shown(id)} is stored here", type="invalid_request_error",
                       code="not_found")
 
@@ -340,7 +359,7 @@ class Gateway:
         make = self.responses_job if responses else self.job
         api: list[Exchange] = []
         try:
-            if len(raw) > _THREAD_BODY:
+            if self._render_size(body, len(raw), responses) > _THREAD_BODY:
                 job = await asyncio.to_thread(make, body, api)
             else:
                 job = make(body, api)
@@ -355,6 +374,15 @@ class Gateway:
             await self._stream(job, receive, send)
         else:
             await self._complete(job, receive, send)
+
+    def _render_size(self, body: Mapping[str, Any], size: int, responses: bool) -> int:
+        """The bytes of what a request renders: its body, and for a
+        Responses follow-up the stored conversation it continues (a
+        100-byte body can name megabytes of it)."""
+        previous = body.get("previous_response_id") if responses else None
+        if isinstance(previous, str):
+            size += self.store.size(previous) or 0
+        return size
 
     async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The request body, or None when it was refused (413, answered) or
@@ -440,7 +468,8 @@ class Gateway:
             grammar = t.completion_grammar(body, self.tokenizer, format=self.grammar_format, unknown_keys="ignore")
         gen = Generation(ids, params, self.binding.stop_ids, self.vocab.size, grammar, self.binding.text_table)
         legacy = bool(body.get("functions")) and not body.get("tools")
-        return _Job(gen, o.thinking, bool(stream), bool(include_usage), legacy=legacy)
+        return _Job(gen, o.thinking, bool(stream), bool(include_usage), legacy=legacy,
+                    max_calls=1 if body.get("parallel_tool_calls") is False else None)
 
     async def _complete(self, job: _Job, receive: Receive, send: Send) -> None:
         watch = _Watch(receive)
@@ -472,7 +501,7 @@ class Gateway:
                 await _respond(send, 502, _error_body(502, f"the backend's ids cannot be read: {e}",
                                                       type="backend_error", code="backend_invalid_response"))
                 return
-            shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length")
+            shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length", max_calls=job.max_calls)
             stop = job.gen.params.get("stop")
             if stop:
                 shaped = StopSequences(stop).message(shaped, len(ids))
@@ -528,7 +557,8 @@ class Gateway:
         """Write the stream's events, one payload per piece; true when the
         message ended before the engine's stream did."""
         parser = self.template.stream(self.tokenizer, thinking=job.thinking)
-        chunks = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template)
+        chunks = ChunkStream(model=self.model, include_usage=job.include_usage, template=self.template,
+                             max_calls=job.max_calls)
         sse = SSE(chunks)
         stop = job.gen.params.get("stop")
         stops = StopSequences(stop) if stop else None
@@ -706,7 +736,7 @@ class _OneOfN:
         self.gen = gen
         self.parser = gateway.template.stream(gateway.tokenizer, thinking=job.thinking)
         self.chunks = ChunkStream(model=gateway.model, id=id, created=created, include_usage=job.include_usage,
-                                  template=gateway.template)
+                                  template=gateway.template, max_calls=job.max_calls)
         stop = gen.params.get("stop")
         self.stops = StopSequences(stop) if stop else None
         self.legacy = FunctionCalls() if job.legacy else None
@@ -945,15 +975,30 @@ class _Endpoint:
         await self.app(scope, receive, send)
 
 
+def _guarded(path: str) -> bool:
+    """Whether a path needs the API key: all but the health check, which a
+    load balancer or orchestrator asks without one."""
+    return path != "/health"
+
+
 class _App(Starlette):
     """Starlette, with ``POST /v1/chat/completions`` served ahead of its
     middleware and routing: those wrap every ``send`` of a stream, and the
-    endpoint handles its own errors."""
+    endpoint handles its own errors. ``guard``, when set, stands in front of
+    all of it (the key is checked before any endpoint runs)."""
 
     chat: Callable[[Scope, Receive, Send], Awaitable[None]]
     responses: Callable[[Scope, Receive, Send], Awaitable[None]]
+    guard: BearerGuard | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.guard is not None:
+            await self.guard(scope, receive, send)
+        else:
+            await self.route(scope, receive, send)
+
+    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request to its endpoint (past the guard)."""
         if scope["type"] == "http" and scope["method"] == "POST":
             if scope["path"] == "/v1/chat/completions":
                 scope["app"] = self

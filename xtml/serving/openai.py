@@ -38,6 +38,10 @@ rule):
   they do not parse as JSON. ``ChunkStream(stream_arguments=False)`` sends
   each call whole once it is known to be kept, so that its chunks add up to
   exactly the batch message, cut-off calls included.
+* **One call at most** (``max_calls=1``, for a request that set
+  ``parallel_tool_calls`` false, when the engine made more anyway): the
+  first call is kept, each further one withheld with a ``withheld-call``
+  diagnostic; a stream sends nothing of it.
 * **Arguments as they stream.** Typed arguments are sent as JSON text:
   ``{"key": `` when an argument starts, a string value's characters
   JSON-escaped as they arrive (escaping is per character, so the pieces join
@@ -199,10 +203,16 @@ _CUT_BY = {"length": "was cut off by the token limit", "stop": "was cut off wher
            "sequence or stop token of the request)"}
 
 
-def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by: str = "length") -> Shaped:
+_ONE_CALL = ("is more than the request allows (parallel_tool_calls is false, and the engine made more than one "
+             "call): it is withheld and must not run")
+
+
+def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by: str = "length",
+           max_calls: int | None = None) -> Shaped:
     """The shaping itself; ``id_of(k)`` gives call ``k``'s id (from 0);
     ``cut_by``: the finish reason of a cut message (``stop`` when the
-    engine stopped it for the request's stop sequences or ids)."""
+    engine stopped it for the request's stop sequences or ids);
+    ``max_calls``: the most calls handed back."""
     if not isinstance(parsed, Mapping):
         raise _bad("", f"expected the assistant message a completion parse returns, not {type(parsed).__name__}")
     if parsed.get("role", "assistant") != "assistant":
@@ -214,8 +224,11 @@ def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by
     text = _text_of(parsed.get("content"), diags)
     calls = _calls_of(parsed)
     kept = len(calls) - 1 if cut and calls else len(calls)
+    allowed = kept if max_calls is None else min(kept, max_calls)
     tool_calls = [{"id": id_of(k), "type": "function", "function": {"name": name, "arguments": args}}
-                  for k, (name, args) in enumerate(calls[:kept])]
+                  for k, (name, args) in enumerate(calls[:allowed])]
+    for k in range(allowed, kept):
+        diags.append(_call_diag("withheld-call", end, k, id_of(k), calls[k][0], _ONE_CALL))
     if kept < len(calls):
         diags.append(_call_diag("withheld-call", _cut_at(diags, end), kept, id_of(kept), calls[kept][0],
                                 f"{_CUT_BY[cut_by]}: it is withheld and must not run"))
@@ -230,7 +243,8 @@ def _shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by
 
 
 def shape_message(parsed: Mapping[str, Any], *, stop_reason: str | None = None,
-                  ids: Callable[[], str] | None = None, cut_by: str = "length") -> Shaped:
+                  ids: Callable[[], str] | None = None, cut_by: str = "length",
+                  max_calls: int | None = None) -> Shaped:
     """A parsed completion as an OpenAI message, finish reason and
     diagnostics.
 
@@ -240,12 +254,15 @@ def shape_message(parsed: Mapping[str, Any], *, stop_reason: str | None = None,
     makes each call's id (default :func:`new_call_id`). ``cut_by`` is the
     finish reason of a message that was cut off: ``length`` (the token
     limit), or ``stop`` when the engine said it stopped for the request's
-    stop sequences or ids."""
+    stop sequences or ids. ``max_calls`` is the most calls handed back
+    (1 when the request set ``parallel_tool_calls`` false): the first ones
+    are kept, and each further one is withheld with a diagnostic
+    (``withheld-call``)."""
     if cut_by not in _CUT_BY:
         raise ValueError(f"cut_by must be one of {', '.join(_CUT_BY)}, not {cut_by!r}")
     make = ids or new_call_id
     cut = _cut(parsed.get("diagnostics") or []) if stop_reason is None else stop_reason == "length"
-    return _shape(parsed, cut, lambda k: make(), 0, cut_by)
+    return _shape(parsed, cut, lambda k: make(), 0, cut_by, max_calls)
 
 
 def _usage(prompt_tokens: int | None, completion_tokens: int | None,
@@ -489,13 +506,18 @@ class ChunkStream:
     id and now; ``ids`` makes call ids (default :func:`new_call_id`);
     ``template`` (a Template or Dialect) names the channels when the
     template renames think and response. ``stream_arguments=False`` sends
-    each tool call whole once it is known to be kept.
+    each tool call whole once it is known to be kept. ``max_calls`` is the
+    most calls sent (1 when the request set ``parallel_tool_calls`` false):
+    a further call sends nothing, and is named by a ``withheld-call``
+    diagnostic.
     """
 
     def __init__(self, *, model: str, id: str | None = None, created: int | None = None,
                  include_usage: bool = False, ids: Callable[[], str] | None = None,
-                 stream_arguments: bool = True, template: Template | Dialect | None = None) -> None:
+                 stream_arguments: bool = True, template: Template | Dialect | None = None,
+                 max_calls: int | None = None) -> None:
         self.model = model
+        self.max_calls = max_calls
         self.id = id or new_completion_id()
         self.created = int(time.time()) if created is None else created
         self.include_usage = include_usage
@@ -717,6 +739,8 @@ class ChunkStream:
         prev = self._calls.get(k)
         if prev is not None and prev.final is not None and not prev.done:
             self._finish_call(out, prev, prev.final)
+        if self.max_calls is not None and k >= self.max_calls:
+            return  # one call too many: nothing of it is sent, and the shaping withholds it
         c = _Call(k, self._ids(), e.name or "")
         self._calls[k + 1] = c
         if self.stream_arguments:
@@ -787,7 +811,8 @@ class ChunkStream:
             return c.id if c is not None else self._ids()
 
         shaped = _shape(e.message or {"role": "assistant"}, e.stop_reason == "length", id_of,
-                        _cut_at(self._diags, e.offset), self.cut_by if self.cut_by in _CUT_BY else "length")
+                        _cut_at(self._diags, e.offset), self.cut_by if self.cut_by in _CUT_BY else "length",
+                        self.max_calls)
         kept = shaped.message.get("tool_calls", [])
         extra: list[dict[str, Any]] = []
         for k, call in enumerate(kept):
@@ -803,7 +828,7 @@ class ChunkStream:
                                         "the final message has the arguments as read"))
         # A call withheld by the cut is named by the shaping; any other call
         # that started but is not in the message is named here.
-        named = len(kept) + (1 if any(d.get("kind") == "withheld-call" for d in shaped.diagnostics) else 0)
+        named = len(kept) + sum(d.get("kind") == "withheld-call" for d in shaped.diagnostics)
         for c in calls.values():
             if c.index >= named:
                 extra.append(_call_diag("withheld-call", e.offset, c.index, c.id, c.name,

@@ -35,6 +35,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from ..errors import RequestError, shown
+from .engines.framing import dumps
 from .openai import ChunkStream
 
 __all__ = [
@@ -103,7 +104,8 @@ def new_id(prefix: str) -> str:
 class Stored:
     """A stored response: the object as answered, and the conversation a
     follow-up continues (chat messages, without the ``instructions``, which
-    are not carried over, as OpenAI's are not)."""
+    are not carried over, as OpenAI's are not). ``size`` is the bytes of
+    their JSON, as the store keeps them."""
 
     response: dict[str, Any]
     history: list[dict[str, Any]]
@@ -111,11 +113,37 @@ class Stored:
     size: int = 0
 
 
+def _text(value: Any) -> bytes:
+    """``value`` as compact JSON, in bytes of exactly its length: orjson's
+    bytes keep the buffer they were written in (five times the text, for
+    a conversation of many short messages), which the store would hold."""
+    return bytes(memoryview(dumps(value)))
+
+
+class _Kept:
+    """A response as the store holds it: its JSON text, which is what the
+    store's bound counts (the objects it decodes to take several times
+    as much memory: ten 30 MiB requests held 2 GB under a bound of 256 MiB)."""
+
+    __slots__ = ("at", "history", "response")
+
+    def __init__(self, response: bytes, history: bytes, at: float) -> None:
+        self.response = response
+        self.history = history
+        self.at = at
+
+    @property
+    def size(self) -> int:
+        return len(self.response) + len(self.history)
+
+
 class ResponseStore:
     """Responses kept in this process for ``previous_response_id``: at most
     ``max_entries`` and ``max_bytes`` of their JSON (the oldest is dropped
     first; one larger than ``max_bytes`` is not kept), each for ``max_age``
-    seconds. ``clock`` is the time source (monotonic seconds)."""
+    seconds. ``clock`` is the time source (monotonic seconds). What is kept
+    is the JSON text itself, decoded by :meth:`get`: the bound in bytes is
+    the memory held."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_age: float = MAX_AGE, *,
                  max_bytes: int = MAX_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
@@ -130,7 +158,7 @@ class ResponseStore:
         self.max_bytes = max_bytes
         self._bytes = 0
         self._clock = clock
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._items: OrderedDict[str, _Kept] = OrderedDict()
         # Requests are rendered in worker threads when large.
         self._lock = threading.Lock()
 
@@ -138,6 +166,13 @@ class ResponseStore:
         with self._lock:
             self._expire()
             return len(self._items)
+
+    @property
+    def held(self) -> int:
+        """The bytes of JSON kept."""
+        with self._lock:
+            self._expire()
+            return self._bytes
 
     def _expire(self) -> None:
         oldest = self._clock() - self.max_age
@@ -150,25 +185,43 @@ class ResponseStore:
             self._bytes -= first.size
 
     def put(self, id: str, entry: Stored) -> None:
-        entry.size = len(json.dumps([entry.response, entry.history], ensure_ascii=False).encode())
+        kept = _Kept(_text(entry.response), _text(entry.history), 0.0)
+        entry.size = kept.size
         with self._lock:
             old = self._items.pop(id, None)
             if old is not None:
                 self._bytes -= old.size
-            if entry.size > self.max_bytes:
+            if kept.size > self.max_bytes:
                 return  # never kept: a later previous_response_id to it is a 404, as for any other
-            entry.at = self._clock()
-            self._items[id] = entry
-            self._bytes += entry.size
+            kept.at = entry.at = self._clock()
+            self._items[id] = kept
+            self._bytes += kept.size
             while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
                 _, dropped = self._items.popitem(last=False)
                 self._bytes -= dropped.size
             self._expire()
 
-    def get(self, id: str) -> Stored | None:
+    def _kept(self, id: str) -> _Kept | None:
         with self._lock:
             self._expire()
             return self._items.get(id)
+
+    def get(self, id: str) -> Stored | None:
+        """The response stored as ``id``, decoded (objects of its own)."""
+        kept = self._kept(id)
+        if kept is None:
+            return None
+        return Stored(json.loads(kept.response), json.loads(kept.history), kept.at, kept.size)
+
+    def size(self, id: str) -> int | None:
+        """The bytes of the response stored as ``id``, without decoding it."""
+        kept = self._kept(id)
+        return None if kept is None else kept.size
+
+    def response_json(self, id: str) -> bytes | None:
+        """The response object stored as ``id``, as the JSON it is kept as."""
+        kept = self._kept(id)
+        return None if kept is None else kept.response
 
     def delete(self, id: str) -> bool:
         with self._lock:
@@ -249,13 +302,36 @@ class _Builder:
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
         self.origins: list[str] = []
-        self.reasoning: str | None = None
+        # The reasoning items' texts until the assistant message they belong
+        # to takes them, joined once: adding each to the text so far copied
+        # it all again per item (100,000 items took 18 s).
+        self.reasoning: list[str] | None = None
         self.open: dict[str, Any] | None = None  # the assistant message calls and reasoning join
+        # Call ids of the conversation so far, and of the latest assistant
+        # message (the calls a function_call_output answers), with those
+        # already answered: a tool result goes to its call by id or not at all.
+        self.call_ids: set[str] = set()
+        self.turn_calls: set[str] = set()
+        self.answered: set[str] = set()
 
     def add(self, message: dict[str, Any], origin: str) -> dict[str, Any]:
         self.messages.append(message)
         self.origins.append(origin)
+        if message.get("role") == "assistant":
+            self.turn_calls = set()
+            self.answered = set()
         return message
+
+    def stored(self, message: dict[str, Any]) -> None:
+        """A message of the stored conversation a follow-up continues: its
+        calls are those the follow-up's outputs may answer."""
+        self.add(message, "previous_response_id")
+        if message.get("role") == "assistant":
+            for c in message.get("tool_calls") or ():
+                self.call_ids.add(c["id"])
+                self.turn_calls.add(c["id"])
+        elif message.get("role") == "tool":
+            self.answered.add(str(message.get("tool_call_id")))
 
     def assistant(self, origin: str) -> dict[str, Any]:
         m = self.open
@@ -263,7 +339,7 @@ class _Builder:
             m = self.add({"role": "assistant", "content": ""}, origin)
             self.open = m
         if self.reasoning is not None:
-            m["reasoning_content"] = self.reasoning
+            m["reasoning_content"] = "".join(self.reasoning)
             self.reasoning = None
         return m
 
@@ -295,17 +371,35 @@ class _Builder:
                 if not isinstance(v, str):
                     raise RequestError(f"a function_call item needs its {key} as a string",
                                        location=f"{where}.{key}")
+            assert isinstance(call_id, str)
+            if call_id in self.call_ids:
+                # Its output could be sent to either call.
+                raise RequestError(f"the call_id {shown(call_id)} is given to an earlier function_call of the "
+                                   "conversation: each call needs an id of its own", location=f"{where}.call_id")
             m = self.assistant(where)
             m.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
+            self.call_ids.add(call_id)
+            self.turn_calls.add(call_id)
         elif t == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise RequestError("a function_call_output item needs its call_id as a string",
                                    location=f"{where}.call_id")
+            output = _output_text(item.get("output"), f"{where}.output")
             self.close()
-            self.add({"role": "tool", "tool_call_id": call_id,
-                      "content": _output_text(item.get("output"), f"{where}.output")}, where)
+            if call_id not in self.turn_calls:
+                # Matched by position instead, the output would be sent to
+                # another call: OpenAI's answer is a 400 too.
+                why = ("is a call of an earlier assistant turn: an output answers a call of the latest one"
+                       if call_id in self.call_ids else "names no function_call of the conversation")
+                raise RequestError(f"No tool call found for function call output with call_id {shown(call_id)}: "
+                                   f"it {why}", location=f"{where}.call_id")
+            if call_id in self.answered:
+                raise RequestError(f"the call {shown(call_id)} already has its function_call_output: each call "
+                                   "has one", location=f"{where}.call_id")
+            self.answered.add(call_id)
+            self.add({"role": "tool", "tool_call_id": call_id, "content": output}, where)
         elif t == "reasoning":
             parts: dict[str, list[str]] = {}
             for key in ("content", "summary"):
@@ -328,7 +422,10 @@ class _Builder:
                 return  # an empty reasoning item: nothing to render
             if self.open is not None and (self.open["content"] or self.open.get("tool_calls")):
                 self.open = None  # reasoning starts the next assistant turn
-            self.reasoning = (self.reasoning or "") + text
+            if self.reasoning is None:
+                self.reasoning = [text]
+            else:
+                self.reasoning.append(text)
         elif t == "item_reference":
             raise RequestError("item_reference items are not served: send the item itself",
                                location=f"{where}.type")
@@ -484,7 +581,7 @@ def translate(body: Mapping[str, Any], store: ResponseStore, *, efforts: tuple[s
                                    f"for {store.max_age:g} s, the latest {store.max_entries:,}, and only those "
                                    "made with store true)", location="previous_response_id")
         for m in stored.history:
-            b.add(m, "previous_response_id")
+            b.stored(m)
     start = len(b.messages)
     given = body.get("input")
     if isinstance(given, str):

@@ -13,6 +13,7 @@ from ..chat.request import OPTION_NAMES
 from ..chat.template_file import load_dialect
 from ..codec.training import IGNORE_INDEX, Train, TrainingExample, encode_example
 from ..errors import XtmlError
+from ..lru import Lru
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
@@ -28,7 +29,7 @@ _REQUEST_KEYS = frozenset({"messages", *OPTION_NAMES, "chat_template_kwargs"})
 REQUEST_COLUMNS = _REQUEST_KEYS | {"request"}
 """The columns of a dataset row that :func:`row_request` reads."""
 
-_loaded: dict[tuple[str, str, bool], tuple[Dialect, Binding]] = {}
+_loaded: Lru[tuple[str, str, bool], tuple[Dialect, Binding]] = Lru()
 
 
 def load_bound(template: str, tokenizer: str, add_markers: bool = False,
@@ -42,7 +43,7 @@ def load_bound(template: str, tokenizer: str, add_markers: bool = False,
         if vocab is None:
             vocab = load_tokenizer(tokenizer, add_special_tokens=d.markers.all() if add_markers else ())
         # Binding checks the markers now, not on the first row.
-        hit = _loaded[key] = (d, Binding(d.markers, vocab))
+        hit = _loaded.put(key, (d, Binding(d.markers, vocab)))
     return hit
 
 

@@ -12,18 +12,26 @@ combine as vLLM combines any pair, with no private hook:
   delta, or sixteen under speculative decoding) the deltas join to the same
   message; a tool call is sent whole, with its index, when its element
   closes, so a call cut off by ``max_tokens`` is never sent;
-* whole, vLLM 0.33 hands legacy parsers the decoded text only (its
-  ``DelegatingParser.parse`` drops ``model_output_token_ids``): the text is
-  encoded back to ids (:meth:`xtml.Template.completion_ids`), which gives
-  the generated ids whenever the text was decoded with the special tokens
-  kept (``adjust_request`` asks for that) and the model spelled no marker
-  with ordinary tokens. A model's text that spells a marker is the one case
-  text cannot tell apart: read from text, it is the marker. vLLM's server
-  hands the ids to ``count_reasoning_tokens`` right after the parse: there
-  the reasoning parser compares them with the ids it read back, and a
+* whole, on the generated ids too: vLLM 0.33's ``DelegatingParser.parse``
+  drops ``model_output_token_ids``, so :mod:`.plugin` wraps it (within the
+  vLLM range it was written for) to hand them to both parsers
+  (``set_model_output_token_ids``), which read them as a stream reads them;
+* whole, where the ids do not come (another vLLM, another reasoning parser
+  beside the tool parser), the text is encoded back to ids
+  (:meth:`xtml.Template.completion_ids`), which gives the generated ids
+  whenever the text was decoded with the special tokens kept
+  (``adjust_request`` asks for that) and the model spelled no marker with
+  ordinary tokens. A model's text that spells a marker is the one case text
+  cannot tell apart: read from text, it is the marker. vLLM's server hands
+  the ids to ``count_reasoning_tokens`` right after the parse: there the
+  reasoning parser compares them with the ids it read back, and a
   difference is reported (a warning with the first token that differs;
   :attr:`XtmlReasoningParser.ambiguous_at`), never passed over in silence
   (docs/vllm.md).
+
+The reasoning ends at the first close of the reasoning channel, whole and
+streamed alike: a second reasoning channel after the answer is the answer's
+(``Template.parse`` reads it so).
 
 The reasoning ends where the reasoning channel closes: its close marker, the
 channel's name, the separator, as ids (``is_reasoning_end`` and
@@ -34,7 +42,9 @@ per-step check is constant work).
 from __future__ import annotations
 
 import logging
+import re
 import weakref
+from codecs import utf_8_decode as _utf8
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,6 +96,45 @@ class _Setup:
         self.think_open = [self.open, *name_ids[0], self.sep]
         self.response_open = [self.open, *name_ids[1], self.sep]
         self.reasoning_tag, self.content_tag = think, response
+        # The bytes of each id, where a character cut across ids can be told
+        # on bytes: a byte-level vocabulary's ordinary ids (None for the
+        # markers), or else a byte-fallback vocabulary's byte ids.
+        self.text_bytes = binding.text_table()
+        self.byte_ids: dict[int, bytes] = {} if self.text_bytes else _byte_fallback(tokenizer)
+
+    def bytes_of(self, token_id: int) -> bytes | None:
+        """The bytes of an id of ordinary text, None when they cannot end
+        a character cut across ids (a marker, an added token, an id past
+        the vocabulary, a whole piece of a vocabulary that is not
+        byte-level)."""
+        table = self.text_bytes
+        if table:
+            return table[token_id] if 0 <= token_id < len(table) else None
+        return self.byte_ids.get(token_id)
+
+    def incomplete_tail(self, ids: Sequence[int]) -> int:
+        """How many of the last ``ids`` hold the start of a character whose
+        last bytes have not come yet (0 to 3: UTF-8 holds at most four
+        bytes, each id at least one), as the stream parser decides it: on
+        bytes. Invalid bytes are no tail: they stream (as U+FFFD) at once."""
+        raw = b""
+        sizes: list[int] = []
+        for t in reversed(ids[-4:]):
+            b = self.bytes_of(t)
+            if not b:
+                break
+            raw = b + raw
+            sizes.append(len(b))
+            if len(raw) >= 4:
+                break
+        if not raw:
+            return 0
+        held = len(raw) - _utf8(raw, "replace", False)[1]
+        k = 0
+        while held > 0:
+            held -= sizes[k]
+            k += 1
+        return k
 
     def stream(self, thinking: bool) -> StreamParser:
         return self.tpl.stream(self.vocab, thinking=thinking)
@@ -102,6 +151,32 @@ def _setup(tokenizer: Any) -> _Setup:
     if hit is None:
         hit = _SETUPS[tokenizer] = _Setup(template(), tokenizer)
     return hit
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_fallback(tokenizer: Any) -> dict[int, bytes]:
+    """The byte ids (``<0xE6>``) of a byte-fallback vocabulary and their
+    bytes (none for another kind)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if not callable(get_vocab):
+        return {}
+    found: dict[int, bytes] = {}
+    for s, i in get_vocab().items():
+        m = _BYTE_TOKEN.fullmatch(s)
+        if m is not None:
+            found[i] = bytes([int(m[1], 16)])
+    return found
+
+
+def _find_first(ids: Sequence[int], seq: list[int], start: int = 0) -> int:
+    """Where the first ``seq`` in ``ids[start:]`` starts, or -1."""
+    n = len(seq)
+    for k in range(start, len(ids) - n + 1):
+        if ids[k] == seq[0] and list(ids[k:k + n]) == seq:
+            return k
+    return -1
 
 
 def _find_last(ids: Sequence[int], seq: list[int], start: int = 0) -> int:
@@ -170,6 +245,13 @@ class XtmlReasoningParser(ReasoningParser):
         #: Where a whole answer's text and its ids first differed (the
         #: token offset in the answer), or None.
         self.ambiguous_at: int | None = None
+        # A whole answer's generated ids, when vLLM hands them (.plugin).
+        self.generated: list[int] | None = None
+
+    def set_model_output_token_ids(self, token_ids: Sequence[int] | None) -> None:
+        """The generated ids of the whole answer :meth:`extract_reasoning`
+        reads next (None: none)."""
+        self.generated = None if token_ids is None else list(token_ids)
 
     @property
     def reasoning_end_str(self) -> str | None:
@@ -191,18 +273,19 @@ class XtmlReasoningParser(ReasoningParser):
         return _find_last(window, self.x.think_end) >= 0
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
-        at = _find_last(input_ids, self.x.think_end)
-        if at >= 0:
-            return input_ids[at + len(self.x.think_end):]
         # vLLM hands the last delta only when the reasoning ends in it; the
-        # ids after the close were kept when the streaming saw it.
-        return list(self.content_ids) if self.content_ids is not None else input_ids
+        # ids after the close were kept when the streaming saw it (the close
+        # may have begun in an earlier delta, and a later one follow in this).
+        if self.content_ids is not None:
+            return list(self.content_ids)
+        at = _find_first(input_ids, self.x.think_end)
+        return input_ids[at + len(self.x.think_end):] if at >= 0 else input_ids
 
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
         if self.read_back is not None:
             self._compare(self.read_back, list(token_ids))
             self.read_back = None
-        at = _find_last(token_ids, self.x.think_end)
+        at = _find_first(token_ids, self.x.think_end)
         return at if at >= 0 else len(token_ids)
 
     def adjust_request(self, request: Any) -> Any:
@@ -222,17 +305,33 @@ class XtmlReasoningParser(ReasoningParser):
                     "their ids.", at)
 
     def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        generated, self.generated = self.generated, None
+        if generated is not None and (generated or not model_output):
+            return self._whole(generated)
         ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
         self.read_back = ids
         if not self.thinking:
             return None, model_output
-        at = _find_last(ids, self.x.think_end)
+        at = _find_first(ids, self.x.think_end)
         if at < 0:
             return model_output, None  # cut off while reasoning
         msg = self.x.tpl.parse(ids, self.x.vocab, completion=True, lenient=True, thinking=True)
         # The markup after the reasoning goes to the tool parser, which reads
         # the answer and the calls from it.
         return msg.get("reasoning_content") or "", self.x.vocab.decode(ids[at + len(self.x.think_end):])
+
+    def _whole(self, ids: list[int]) -> tuple[str | None, str | None]:
+        """A whole answer read on its generated ids. The content handed on
+        is the text of the ids after the reasoning, which the tool parser
+        checks against the same ids (:func:`_answer_ids`)."""
+        if not self.thinking:
+            return None, self.x.vocab.decode(ids)
+        msg = self.x.tpl.parse(ids, self.x.vocab, completion=True, lenient=True, thinking=True)
+        reasoning = msg.get("reasoning_content") or ""
+        at = _find_first(ids, self.x.think_end)
+        if at < 0:
+            return reasoning, None  # cut off while reasoning
+        return reasoning, self.x.vocab.decode(ids[at + len(self.x.think_end):])
 
     def extract_reasoning_streaming(self, previous_text: str, current_text: str, delta_text: str,
                                     previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
@@ -241,7 +340,7 @@ class XtmlReasoningParser(ReasoningParser):
         # are kept here.
         self.ids += delta_token_ids
         ids, end = self.ids, self.x.think_end
-        at = _find_last(ids, end, max(0, self.scanned - len(end) + 1))
+        at = _find_first(ids, end, max(0, self.scanned - len(end) + 1))
         self.scanned = len(ids)
         if at >= 0:
             self.ended = True
@@ -260,19 +359,14 @@ class XtmlReasoningParser(ReasoningParser):
         """The reasoning text of the ids before ``body`` not sent yet: only
         the new ids are decoded, so each step costs what it adds."""
         todo = self.ids[self.done:body]
+        if not final:
+            # A character cut between ids waits for its last bytes, and only
+            # it: what is held is at most three ids, so each step decodes
+            # what it adds and those.
+            todo = todo[:len(todo) - self.x.incomplete_tail(todo)]
         if not todo:
             return None
         text = self.x.vocab.decode(todo)
-        if not final and text.endswith("\ufffd"):
-            # A character cut between ids waits for its last bytes (UTF-8
-            # holds at most four, so at most three ids).
-            for k in range(1, min(3, len(todo) - 1) + 1):
-                head = self.x.vocab.decode(todo[:-k])
-                if not head.endswith("\ufffd"):
-                    todo, text = todo[:-k], head
-                    break
-            else:
-                return None
         self.done += len(todo)
         return DeltaMessage(reasoning=text) if text else None
 
@@ -299,6 +393,13 @@ class XtmlToolParser(ToolParser):
         self.x = _setup(tokenizer)
         self.stream: StreamParser | None = None
         self.sent_calls = 0
+        # A whole answer's generated ids, when vLLM hands them (.plugin).
+        self.generated: list[int] | None = None
+
+    def set_model_output_token_ids(self, token_ids: Sequence[int] | None) -> None:
+        """The generated ids of the whole answer :meth:`extract_tool_calls`
+        reads next (None: none)."""
+        self.generated = None if token_ids is None else list(token_ids)
 
     def adjust_request(self, request: Any) -> Any:
         request = _keep_special_tokens(super().adjust_request(request))
@@ -313,8 +414,13 @@ class XtmlToolParser(ToolParser):
 
     def _ids(self, model_output: str, request: Any) -> tuple[list[int], bool]:
         """The completion's ids as xtml reads them, and its mode."""
-        ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
         thinking = _thinking(self.x.tpl, _request_options(request))
+        generated, self.generated = self.generated, None
+        if generated is not None:
+            ids = _answer_ids(self.x, generated, model_output, thinking)
+            if ids is not None:
+                return ids, thinking
+        ids = self.x.tpl.completion_ids(model_output, self.x.vocab)
         if thinking and ids[:len(self.x.response_open)] == self.x.response_open:
             ids = [*self.x.think_end, *ids]  # the reasoning was read already
         return ids, thinking
@@ -379,6 +485,31 @@ class XtmlToolParser(ToolParser):
         if calls:
             fields["tool_calls"] = calls
         return DeltaMessage(**fields)
+
+
+def _answer_ids(x: _Setup, generated: list[int], content: str, thinking: bool) -> list[int] | None:
+    """The generated ids, to be read whole, when ``content`` (what the
+    reasoning parser handed on) is the text of those after the reasoning's
+    first close (all of them with thinking off; none when the answer was cut
+    off while reasoning): then the reasoning parser split them where xtml
+    does. None otherwise (another reasoning parser, or no ids), and the text
+    is read."""
+    if not generated:
+        return generated if not content else None
+    if thinking:
+        at = _find_first(generated, x.think_end)
+        if at < 0:
+            return generated if not content else None
+        tail = generated[at + len(x.think_end):]
+    else:
+        tail = generated
+    if content == x.vocab.decode(tail):
+        return generated
+    # Without a reasoning parser the content is vLLM's text, which leaves the
+    # stop token's text out.
+    if tail and tail[-1] in x.vocab.special_ids() and content == x.vocab.decode(tail[:-1]):
+        return generated
+    return None
 
 
 def _constrained(request: Any) -> bool:

@@ -11,9 +11,10 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import ParseError, TokenizerError, shown
+from ..lru import Lru
 from ..markup.collector import collector_paused
 from ..markup.header import CACHEABLE
 from ..markup.markers import CLOSE, EMBED_MARK, OPEN, TEXT, Markers
@@ -22,7 +23,7 @@ from ..markup.parse import Lexemes, build, build_ids_fast, ids_as_text, lex_ids
 from ..markup.segments import Segment, close_tag, open_tag
 from .vocabulary import Vocabulary
 
-__all__ = ["Binding", "IdSink", "TreeMarks", "join_ids"]
+__all__ = ["Binding", "IdSink", "TreeMarks", "bound", "join_ids"]
 
 # Constant pieces (headers, template prose) are cached per binding; the cap
 # keeps a long-running server's memory bounded whatever its traffic.
@@ -94,6 +95,10 @@ class Binding:
         self._beyond_pat: re.Pattern[str] | None = None
         self._text_table: list[bytes | None] | None = None
         self._text_strs: list[str | None] | None = None
+        self.derived: dict[Any, Any] = {}
+        """What other modules make from this binding (a stream's prompt
+        lexemes, a grammar's tables), each under the key of the code that
+        makes it: it goes when the binding does."""
 
     # -- segments → ids ------------------------------------------------------
 
@@ -377,6 +382,19 @@ class Binding:
             if type(t) is not int or not 0 <= t < self.vocab.size:
                 raise ParseError(f"{shown(t)} is not a token id of this tokenizer", offset=i)
         raise ParseError("token ids could not be decoded", offset=0)
+
+
+def bound(markers: Markers, vocab: Vocabulary) -> Binding:
+    """The binding of ``markers`` to ``vocab``: made once, and kept on the
+    vocabulary (see :attr:`Vocabulary.derived`), so that templates with the
+    same markers share it and it goes when the vocabulary goes. A vocabulary
+    keeps the bindings of the last few sets of markers it was bound to
+    (templates pasted into a server may each bring their own)."""
+    table: Lru[Markers, Binding] | None = vocab.derived.get(Binding)
+    if table is None:
+        table = vocab.derived.setdefault(Binding, Lru())
+    found = table.get(markers)
+    return found if found is not None else table.put(markers, Binding(markers, vocab))
 
 
 def split_text_marks(lx: Lexemes, marks: tuple[str, ...]) -> Lexemes:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import TokenizerError
+from .gguf import is_gguf_file, load_gguf
 from .tiktoken import find_vocab_file, is_tiktoken_file, load_tiktoken
 from .vocabulary import Vocabulary, add_special
 
@@ -25,6 +26,8 @@ def load_tokenizer(
     ``path`` is one of:
 
     * a Hugging Face ``tokenizer.json`` file;
+    * a GGUF model file: the vocabulary llama.cpp serves with it
+      (:mod:`xtml.vocab.gguf`; needs ``pip install 'xtml[gguf]'``);
     * a tiktoken BPE file (a base64 token, a space and its rank on each
       line), which has no added tokens (give the folder instead to get the
       ones its ``tokenizer_config.json`` declares);
@@ -60,6 +63,10 @@ def load_tokenizer(
                 config = p / "tokenizer_config.json"
     elif not p.is_file():
         raise TokenizerError(f"no tokenizer.json or tiktoken vocabulary at {str(path)!r}")
+    elif is_gguf_file(p):
+        if pattern is not None:
+            raise TokenizerError(f"pattern= is for tiktoken vocabularies; {str(p)!r} names its own pre-tokenizer")
+        return load_gguf(p, add_special_tokens)
     else:
         if is_tiktoken_file(p):
             vocab_file = p

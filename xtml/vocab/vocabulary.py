@@ -97,6 +97,20 @@ class Vocabulary:
         """Number of ids, added tokens included."""
         return self._size
 
+    @property
+    def derived(self) -> dict[Any, Any]:
+        """What the rest of xtml makes from this vocabulary (its bindings to
+        templates' markers, tables of its ids), each under the key of the
+        code that makes it. It lives as long as the vocabulary does: kept
+        anywhere else, keyed by the vocabulary, a binding's reference back
+        to it would keep the vocabulary alive for the life of the process."""
+        # Made on first use, so that subclasses with their own __init__
+        # (tiktoken's) have it too; setdefault keeps one for racing threads.
+        found: dict[Any, Any] | None = self.__dict__.get("_derived")
+        if found is None:
+            found = self.__dict__.setdefault("_derived", {})
+        return found
+
     def special_id(self, text: str) -> int | None:
         """The id of the special token spelled ``text``, if there is one."""
         hit = self._added.get(text)

@@ -43,7 +43,8 @@ def write(plan: Plan) -> str:
 # them is renamed.
 _PIECE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|!?<\[\d+\]>|[A-Za-z0-9_]+|.', re.S)
 _ENTITIES = ('"&amp;"', '"&quot;"')
-_JSON_ESCAPES = ('"\\\\" ["\\\\/bfnrt]', '"\\\\u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]')
+# The JSON rules' \u escape (json_u) pairs surrogates.
+_JSON_ESCAPES = ('"\\\\" ["\\\\/bfnrt]', "json_u")
 
 
 def _names(body: str) -> str:

@@ -97,21 +97,9 @@ _NUMBER = ("/-?" + _DIGITS + "|-?(0|[1-9][0-9]{0,307})\\.[0-9]+"
 # in pairs.
 _JSON_STRING = ('/"([^"\\\\\\x00-\\x1f]|\\\\["\\\\\\/bfnrt]|\\\\u([0-9a-ce-fA-CE-F][0-9a-fA-F]{3}'
                 '|[dD][0-7][0-9a-fA-F]{2}|[dD][89aAbB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}))*"/')
-_PLAIN = ("number", "integer", "object", "array")
 # Keywords that say nothing about a value.
 _ANNOTATIONS = frozenset({"type", "title", "description", "default", "examples", "$comment", "$defs", "definitions",
                           "deprecated", "readOnly", "writeOnly", "format"})
-
-
-# Keywords that, with these values, allow every value.
-_VACUOUS: dict[str, tuple[Any, ...]] = {"properties": ({},), "required": ([],), "additionalProperties": (True, {}),
-                                        "items": (True, {}), "patternProperties": ({},)}
-
-
-def _plain(schema: Any) -> bool:
-    """Whether a schema is one JSON type with no other constraint."""
-    return isinstance(schema, Mapping) and schema.get("type") in _PLAIN and all(
-        k in _ANNOTATIONS or (k in _VACUOUS and any(v == x for x in _VACUOUS[k])) for k, v in schema.items())
 
 
 # Python's JSON writes a float with an exponent when it is below 1e-4 or
@@ -147,6 +135,45 @@ def _exponent_forms(schema: Mapping[str, Any]) -> list[str]:
     return out
 
 
+_TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
+_STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType"})
+# Keywords a JSON value's structure is written by here; a part of a schema
+# with any other goes to llguidance's JSON whole.
+_STRUCTURE = frozenset({"properties", "required", "additionalProperties", "items", "minItems", "maxItems", "anyOf",
+                        "$ref", "enum", "const", *_BOUNDS, *_STRING_KEYS})
+_MAX_ITEMS = 64
+"""Array lengths up to this are spelled out as repetition counts."""
+# llguidance writes a number between bounds as digits, and refuses to for
+# bounds much past 1e17: with one bound given, the other is 1e17, and the
+# digits from there on are these (Python reads them back finite).
+_CAP = 10**17
+_BIG_INTEGER = "[1-9][0-9]{17,4299}"
+_BIG_NUMBER = "([1-9][0-9]{17,4299}|[1-9][0-9]{17,307}\\.[0-9]+)"
+# An object key as Python's JSON writes it: each key has this one spelling,
+# so a key excluded by its spelling cannot come back escaped another way.
+_JSON_KEY = '/"([^"\\\\\\x00-\\x1f]|\\\\["\\\\bfnrt]|\\\\u00(0[0-7bef]|1[0-9a-f]))*"/'
+
+
+def _target(ref: Any, root: Any) -> Any:
+    """What local reference ``ref`` points at in ``root``, or None."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _may_hold_numbers(s: Any) -> bool:
+    return not (isinstance(s, Mapping) and s.get("type") in ("string", "boolean", "null"))
+
+
 class _Lark(GrammarWriter):
     comment = "//"
 
@@ -155,6 +182,7 @@ class _Lark(GrammarWriter):
         self.terminals: dict[str, str] = {}
         self.nested = False
         self.uses_json = False
+        self.json_rules: dict[str, str] = {}
 
     def rule(self, name: str, body: str) -> None:
         self.rules.append(f"{name}: {body}")
@@ -257,39 +285,231 @@ class _Lark(GrammarWriter):
         return f"{expr}?" if empty else expr
 
     def json_value(self, v: Value, jtype: str) -> str:
-        return self.json_ref(restricted(v, jtype))
+        return self.json_schema(v.schema, v.root, 0, jtype)
 
     def json_object_value(self, schema: Any) -> str:
         return self.json_ref(schema)
 
     def json_ref(self, schema: Any) -> str:
-        if _plain(schema):
-            return self.plain_json(schema["type"])
-        self.uses_json = True
-        self.nested = self.nested or has_properties(schema)
-        forms = _exponent_forms(schema)
+        """JSON of ``schema``. Its structure (types, properties, items,
+        ``anyOf``, ``$ref``) is written here, with numbers as Python's JSON
+        reads them back; what only llguidance's JSON enforces (string
+        lengths, patterns and formats, bounds, enums, other keywords) is its
+        ``%json`` of that part alone: llguidance's JSON numbers have no bound
+        on digits or exponent (1e400 reads as an infinity, which a strict
+        parse refuses)."""
+        return self.json_schema(schema, schema, 0)
+
+    def json_schema(self, s: Any, root: Any, depth: int, only: str | None = None) -> str:
+        """JSON of ``s`` (of JSON type ``only`` when given), ``root``
+        holding what its references point at."""
+        got = self.json_part(s, root, depth, only)
+        # None: nothing of type ``only``, which llguidance's JSON says.
+        return self.llg_json(s, root, only=only) if got is None else got
+
+    def json_part(self, s: Any, root: Any, depth: int, only: str | None) -> str | None:
+        self.terminals["JWS"] = "/[ \\t\\r\\n]+/"
+        if s is True or (isinstance(s, Mapping) and all(k in _ANNOTATIONS and k != "type" for k in s)):
+            return self.plain_json(only or "value")
+        if not isinstance(s, Mapping) or depth > 32 or any(k not in _ANNOTATIONS and k not in _STRUCTURE
+                                                               for k in s):
+            return self.llg_json(s, root, whole=True, only=only)
+        own = [k for k in s if k not in _ANNOTATIONS]
+        if "$ref" in s:
+            target = _target(s["$ref"], root)
+            ref = s["$ref"]
+            if not (isinstance(ref, str) and ref.startswith("#")):
+                return self.plain_json(only or "value")  # not of this schema: any value, as everywhere
+            if target is None:
+                # A reference that points nowhere: llguidance's JSON refuses
+                # it, and the grammar with it, as an engine would.
+                self.uses_json = True
+                return f"%json {_json_text(s)}"
+            if own != ["$ref"] or "type" in s:
+                return self.llg_json(s, root, whole=True, only=only)
+            return self.json_rule(target, root, depth, only)
+        if "anyOf" in s:
+            branches = s["anyOf"]
+            if own != ["anyOf"] or "type" in s or not isinstance(branches, list) or not branches:
+                return self.llg_json(s, root, whole=True, only=only)
+            found = [x for x in (self.json_part(b, root, depth + 1, only) for b in branches) if x is not None]
+            return "(" + " | ".join(found) + ")" if found else None
+        if "enum" in s or "const" in s:
+            # Values the schema spells: numbers among them are finite.
+            return self.llg_json(s, root, only=only)
+        t = s.get("type")
+        types = [t] if isinstance(t, str) else t if isinstance(t, list) else list(_TYPES)
+        if not types or any(x not in _TYPES for x in types):
+            return self.llg_json(s, root, whole=True, only=only)
+        if only is not None:
+            # "number" admits integers; "integer" under "number" is a whole number.
+            types = [only] if only in types or (only == "integer" and "number" in types) else \
+                ["integer"] if only == "number" and "integer" in types else []
+        alts: list[str] = []
+        for jt in _TYPES:
+            if jt not in types or (jt == "integer" and "number" in types):
+                continue
+            if jt == "string":
+                limits = {k: s[k] for k in s if k in _STRING_KEYS}
+                alts.append(self.llg_json({"type": "string", **limits}, root) if limits else self.plain_json("string"))
+            elif jt in ("number", "integer"):
+                alts.append(self.number(jt, {k: s[k] for k in _BOUNDS if k in s}, root))
+            elif jt == "boolean":
+                alts.append('("true" | "false")')
+            elif jt == "null":
+                alts.append('"null"')
+            elif jt == "object":
+                alts.append(self.json_object(s, root, depth))
+            else:
+                alts.append(self.json_array(s, root, depth))
+        if not alts:
+            return None
+        return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+
+    def json_rule(self, s: Any, root: Any, depth: int, only: str | None) -> str:
+        """A named rule for the target of a ``$ref``, made once: references
+        may be recursive."""
+        key = f"{id(root)} {only} {json.dumps(s, sort_keys=True, default=str)}"
+        name = self.json_rules.get(key)
+        if name is None:
+            name = self.json_rules[key] = f"j_ref{len(self.json_rules)}"
+            self.rule(name, self.json_schema(s, root, depth + 1, only))
+        return name
+
+    def number(self, jtype: str, bounds: dict[str, Any], root: Any) -> str:
+        """A number or integer within ``bounds``. llguidance writes a bounded
+        number without an exponent and bounds only the sides given; the
+        other side is bounded here, by llguidance up to 1e17 and by digits
+        from there on, and the exponent forms Python writes are added."""
+        if not bounds:
+            return self.plain_json(jtype)
+        if any(type(x) not in (int, float) for x in bounds.values()):
+            return self.llg_json({"type": jtype, **bounds}, root)
+        lo = max([bounds[k] for k in ("minimum", "exclusiveMinimum") if k in bounds], default=None)
+        hi = min([bounds[k] for k in ("maximum", "exclusiveMaximum") if k in bounds], default=None)
+        alts: list[str] = []
+        if lo is not None and hi is not None:
+            alts.append(self.llg_json({"type": jtype, **bounds}, root))
+        elif hi is None and lo is not None and lo < _CAP:
+            alts += [self.llg_json({"type": jtype, **bounds, "maximum": _CAP}, root), self.big(jtype, "")]
+        elif lo is None and hi is not None and hi > -_CAP:
+            alts += [self.llg_json({"type": jtype, **bounds, "minimum": -_CAP}, root), self.big(jtype, "-")]
+        else:
+            self.notes.append("a number bound of 1e17 or more on one side only leaves the other side's digits "
+                              "unbounded (llguidance's JSON)")
+            alts.append(self.llg_json({"type": jtype, **bounds}, root))
+        forms = _exponent_forms({"type": jtype, **bounds})
         if forms:
             # llguidance writes a bounded number without an exponent, where
             # Python's JSON writes the floats below 1e-4 and from 1e16 with one.
             name = f"EXP_{len(self.terminals)}"
             self.terminals[name] = "/" + "|".join(forms) + "/"
-            return f"(%json {_json_text(schema)} | {name})"
-        return f"%json {_json_text(schema)}"
+            alts.append(name)
+        return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+
+    def big(self, jtype: str, sign: str) -> str:
+        """Numbers from 1e17 on (``-``: down from -1e17) without an exponent,
+        as far as Python's JSON reads them back."""
+        name = f"BIG_{jtype.upper()}" + ("_NEG" if sign else "")
+        self.terminals[name] = "/" + sign + (_BIG_INTEGER if jtype == "integer" else _BIG_NUMBER) + "/"
+        return name
+
+    def json_object(self, s: Mapping[str, Any], root: Any, depth: int) -> str:
+        props = s.get("properties", {})
+        req = s.get("required", [])
+        addl = s.get("additionalProperties", True)
+        if not isinstance(props, Mapping) or not isinstance(req, list) or not isinstance(addl, bool | Mapping):
+            return self.llg_json(s, root, whole=True)
+        required = [k for k in dict.fromkeys(req) if isinstance(k, str)]
+        if not props and not required and addl in (True, {}):
+            return self.plain_json("object")
+        self.nested = self.nested or bool(props)
+        more = [k for k in required if k not in props]
+        if more and addl is False:
+            return self.llg_json(s, root, whole=True)  # no object fits: llguidance says so
+        # llguidance's order: the listed properties, the required keys not
+        # listed, then any other keys.
+        members = [(k, props[k], k in required) for k in props]
+        members += [(k, addl, True) for k in more]
+        ws = 'JWS? ":" JWS?'
+        spelled = [(_lark_str(_STRING.encode(k)), sub, need) for k, sub, need in members]
+        exprs = [(f"{lit} {ws} {self.json_schema(sub, root, depth + 1)} JWS?", need) for lit, sub, need in spelled]
+        extra = None
+        if addl is not False:
+            key = f"JKEY_{len(self.terminals)}"
+            known = " | ".join(dict.fromkeys(lit for lit, _, _ in spelled))
+            # One spelling per key (Python's), so that no listed key comes
+            # again spelled another way: the parse would keep the later value.
+            self.terminals[key] = _JSON_KEY + (f" & ~({known})" if known else "")
+            extra = f"{key} {ws} {self.json_schema(addl, root, depth + 1)} JWS?"
+        base = f"j_obj{len(self.rules)}"
+        sep = '"," JWS?'
+        n = len(exprs)
+        # after_k: members k.. once one was written (each after a comma);
+        # first_k: members k.. before any was.
+        for k in range(n, -1, -1):
+            if k == n:
+                self.rule(f"{base}_after{k}", f"({sep} {extra})*" if extra else '""')
+                self.rule(f"{base}_first{k}", f"({extra} {base}_after{k})?" if extra else '""')
+                continue
+            m, need = exprs[k]
+            if need:
+                self.rule(f"{base}_after{k}", f"{sep} {m} {base}_after{k + 1}")
+                self.rule(f"{base}_first{k}", f"{m} {base}_after{k + 1}")
+            else:
+                self.rule(f"{base}_after{k}", f"({sep} {m})? {base}_after{k + 1}")
+                self.rule(f"{base}_first{k}", f"{m} {base}_after{k + 1} | {base}_first{k + 1}")
+        return f'"{{" JWS? {base}_first0 "}}"'
+
+    def json_array(self, s: Mapping[str, Any], root: Any, depth: int) -> str:
+        items = s.get("items", True)
+        lo, hi = s.get("minItems", 0), s.get("maxItems")
+        if isinstance(items, list) or type(lo) is not int or not (hi is None or type(hi) is int) or \
+                lo > _MAX_ITEMS or (hi is not None and not lo <= hi <= _MAX_ITEMS):
+            return self.llg_json(s, root, whole=True)
+        if lo == 0 and hi is None and items in (True, {}):
+            return self.plain_json("array")
+        if hi == 0:
+            return '"[" JWS? "]"'
+        item = f"{self.json_schema(items, root, depth + 1)} JWS?"
+        count = "*" if hi is None and lo <= 1 else f"{{{max(lo - 1, 0)},{'' if hi is None else hi - 1}}}"
+        rest = f'("," JWS? {item}){count}'
+        body = f"{item} {rest}"
+        return '"[" JWS? ' + (f"({body})?" if lo == 0 else body) + ' "]"'
+
+    def llg_json(self, s: Any, root: Any, whole: bool = False, only: str | None = None) -> str:
+        """llguidance's ``%json`` of ``s`` (of JSON type ``only`` when
+        given), standing alone (what it refers to in ``root`` copied along).
+        ``whole``: a part with keywords written nowhere else, whose numbers
+        llguidance does not bound."""
+        self.uses_json = True
+        self.nested = self.nested or has_properties(s)
+        if whole and _may_hold_numbers(s):
+            self.notes.append("numbers inside a JSON value whose schema has keywords only llguidance's JSON knows "
+                              "(allOf, oneOf, not, if, patternProperties, min/maxProperties, prefixItems, "
+                              "multipleOf, ...) have no bound on digits or exponent (1e400), which a strict parse "
+                              "refuses")
+        return f"%json {_json_text(restricted(Value(s, root, [], []), only))}"
 
     def plain_json(self, jtype: str) -> str:
         """JSON of one type and no other constraint, written here rather than
         by llguidance's ``%json``, whose numbers have no bound on digits or
         exponent (1e400, an integer of 5000 digits: Python's JSON does not
         read them back)."""
+        self.terminals["JWS"] = "/[ \\t\\r\\n]+/"
         if jtype == "integer":
             self.terminals["INTEGER"] = _INTEGER
             return "INTEGER"
+        if jtype == "string":
+            self.terminals["JSTRING"] = _JSON_STRING
+            return "JSTRING"
+        if jtype in ("boolean", "null"):
+            return '("true" | "false")' if jtype == "boolean" else '"null"'
         self.terminals["NUMBER"] = _NUMBER
         if jtype == "number":
             return "NUMBER"
         if "j_value" not in self.defined:
             self.defined.add("j_value")
-            self.terminals["JWS"] = "/[ \\t\\r\\n]+/"
             self.terminals["JSTRING"] = _JSON_STRING
             member = 'JSTRING JWS? ":" JWS? j_value JWS?'
             self.rule("j_value", 'j_object | j_array | JSTRING | NUMBER | "true" | "false" | "null"')
@@ -302,9 +522,6 @@ class _Lark(GrammarWriter):
         extra = ["// Load: llguidance.LLMatcher(tokenizer, this text) (or grammar_from(\"lark\", this text))."]
         if self.uses_json:
             self.notes.append("inside JSON strings llguidance refuses a raw DEL (U+007F), which JSON allows")
-            self.notes.append("numbers inside JSON values of a schema with constraints of its own (properties, "
-                              "items, bounds, enums: llguidance's JSON) have no bound on digits or exponent (1e400, "
-                              "an integer of more than 4300 digits), which a strict parse refuses")
         if "NUMBER" in self.terminals or any(k.startswith("EXP_") for k in self.terminals):
             self.notes.append("numbers in exponent form take one digit before the point; under bounds, floats "
                               "below 1e-323 are refused though JSON holds them")
@@ -313,7 +530,8 @@ class _Lark(GrammarWriter):
                               "special) is admitted in text bodies only, not in JSON values or fixed strings")
         if self.nested:
             self.notes.append("JSON objects (nested argument values, json blocks, JSON answers) take their "
-                              "properties in the schema's order (llguidance's JSON)")
+                              "properties in the schema's order (as llguidance's JSON does); keys a schema does not "
+                              "list are spelled as Python's JSON writes them (\\u escapes of control characters only)")
         head = self.header("llguidance", extra)
         terms = [f"{k}: {v}" for k, v in self.terminals.items()]
         return "%llguidance {}\n" + head + "\n".join([f"start: {start}", *self.rules, *terms]) + "\n"

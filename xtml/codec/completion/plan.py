@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -277,18 +276,15 @@ def _text_ids(binding: Binding) -> list[int]:
     makes of their own spelling in ordinary text (Hugging Face tokenizers
     match such tokens in text; xtml's encoding leaves only special ones as
     text). Engines' grammar libraries treat every added token as special."""
-    got = _TEXT_IDS.get(binding)
+    got: list[int] | None = binding.derived.get(_text_ids)
     if got is None:
         decoder = getattr(binding.vocab.tokenizer, "get_added_tokens_decoder", None)
         markers = set(binding.marker_ids.values())
         found = [(i, t.content) for i, t in decoder().items() if not t.special and i not in markers] \
             if decoder is not None else []
         encoded = binding.vocab.ids_of([c for _, c in found])
-        got = _TEXT_IDS[binding] = sorted(i for (i, _), ids in zip(found, encoded) if ids == [i])
+        got = binding.derived[_text_ids] = sorted(i for (i, _), ids in zip(found, encoded) if ids == [i])
     return got
-
-
-_TEXT_IDS: weakref.WeakKeyDictionary[Binding, list[int]] = weakref.WeakKeyDictionary()
 
 
 def _marker_refs(d: Dialect, binding: Binding | None, fmt: str, how: str) -> dict[str, str]:
@@ -323,7 +319,7 @@ def _special_texts(d: Dialect, binding: Binding | None) -> _Specials:
     (made once per binding: a large vocabulary has a thousand of them, and a
     gateway asks for a grammar per request)."""
     if binding is not None:
-        hit = _SPECIALS.get(binding)
+        hit: _Specials | None = binding.derived.get(_special_texts)
         if hit is not None:
             return hit
     out = set(d.markers.all())
@@ -335,11 +331,10 @@ def _special_texts(d: Dialect, binding: Binding | None) -> _Specials:
     found = _Specials(re.compile("|".join(re.escape(x) for x in sorted(out))) if out else None,
                       not any(_ESCAPED.search(x) for x in out))
     if binding is not None:
-        _SPECIALS[binding] = found
+        binding.derived[_special_texts] = found
     return found
 
 
-_SPECIALS: weakref.WeakKeyDictionary[Binding, _Specials] = weakref.WeakKeyDictionary()
 # Characters JSON writes escaped.
 _ESCAPED = re.compile(r'["\\\x00-\x1f]')
 

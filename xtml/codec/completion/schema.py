@@ -278,13 +278,15 @@ def _inline(s: Any, root: Any, depth: int = 0) -> Any:
     return {k: _inline(v, root, depth) for k, v in s.items()}
 
 
-def restricted(v: Value, jtype: str) -> dict[str, Any]:
-    """The value's schema narrowed to one JSON type, as a schema of its own
-    (the ``$defs`` it refers to copied along)."""
+def restricted(v: Value, jtype: str | None) -> dict[str, Any]:
+    """The value's schema narrowed to one JSON type (None: as it is), as a
+    schema of its own (the ``$defs`` it refers to copied along)."""
     s = _inline(v.schema, v.root)
-    base: dict[str, Any] = dict(s) if isinstance(s, Mapping) else {}
+    base: dict[str, Any] = dict(s) if isinstance(s, Mapping) else {} if s is not False else {"not": {}}
     defs = {k: v.root[k] for k in ("$defs", "definitions")
             if isinstance(v.root, Mapping) and k in v.root and k not in base and v.root is not s}
+    if jtype is None:
+        return {**defs, **base}
     if "type" in base and not any(k in base for k in ("anyOf", "oneOf", "allOf", "$ref", "not", "if")):
         out = {**base, "type": jtype}
     elif base:

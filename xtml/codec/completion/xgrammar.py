@@ -50,12 +50,33 @@ def _ebnf_str(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _below(digits: str) -> str:
+    """EBNF of the digit strings that, read as a fraction, are at most
+    ``0.digits...`` followed by anything: below at some place, or its prefix."""
+    alts = [" ".join([*([f'"{digits[:i]}"'] if i else []), f"[0-{int(digits[i]) - 1}]", "[0-9]*"])
+            for i in range(len(digits)) if digits[i] != "0"]
+    alts += [f'"{digits[:i]}"' for i in range(1, len(digits))]
+    return "(" + " | ".join([*alts, f'"{digits}" [0-9]*']) + ")"
+
+
+# JSON numbers Python's JSON reads back finite, as the llguidance export
+# writes them (see there): an integer of at most 4300 digits; a fraction
+# whose integer part has at most 308 digits; one digit, maybe a fraction,
+# and an exponent up to 307, or 308 after a mantissa of at most the largest
+# float's. A \u escape of a surrogate only in a pair: Python's JSON reads a
+# lone one into text no UTF encodes.
 _JSON_RULES = {
     "json_ws": "[ \\n\\t\\r]*",
-    "json_char": '[^"\\\\\\x00-\\x1f] | "\\\\" ["\\\\/bfnrt] | "\\\\u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]',
+    "json_hex": "[0-9a-fA-F]",
+    "json_u": '"\\\\u" ([0-9a-ce-fA-CE-F] json_hex json_hex json_hex | [dD] [0-7] json_hex json_hex'
+              ' | [dD] [89abAB] json_hex json_hex "\\\\u" [dD] [c-fC-F] json_hex json_hex)',
+    "json_char": '[^"\\\\\\x00-\\x1f] | "\\\\" ["\\\\/bfnrt] | json_u',
     "json_string": '"\\"" json_char* "\\""',
-    "json_integer": '"-"? ("0" | [1-9] [0-9]*)',
-    "json_number": 'json_integer ("." [0-9]+)? ([eE] [+-]? [0-9]+)?',
+    "json_digits": '"0" | [1-9] [0-9]{0,4299}',
+    "json_integer": '"-"? json_digits',
+    "json_number": '"-"? (json_digits | ("0" | [1-9] [0-9]{0,307}) "." [0-9]+ | [0-9] ("." [0-9]+)? [eE] json_exp'
+                   ' | "1" ("." ' + _below("7976931348623157") + ')? [eE] "+"? "308")',
+    "json_exp": '"-" [0-9] [0-9]? [0-9]? | "+"? ("0"? "0"? [0-9] | "0"? [1-9] [0-9] | [12] [0-9] [0-9] | "30" [0-7])',
     "json_boolean": '"true" | "false"',
     "json_null": '"null"',
     "json_array": '"[" json_ws (json_any (json_ws "," json_ws json_any)*)? json_ws "]"',

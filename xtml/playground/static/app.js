@@ -5,6 +5,7 @@ const $ = (id) => document.getElementById(id);
 
 const VIEWS = ["render", "training", "parse", "stream", "grammar"];
 const PAGE = 100; // entries of the grammar's "allowed next" list per page
+const HELD_QUOTED = 40; // held ids whose text the stream view quotes
 
 const state = {
   template: { name: "kimi-k3" },
@@ -31,15 +32,58 @@ const latest = {};
 
 // -- the API -------------------------------------------------------------------------
 
-async function api(path, body) {
-  const init = body === undefined ? {} : {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+// The API key of a server started with --api-key. It comes in the address's
+// fragment (#key=...), which the browser never sends, is kept for this tab
+// only, and is taken out of the address bar so that a shared link holds none.
+const KEY_STORE = "xtml-playground-key";
+let apiKey = null;
+let keyDeclined = false; // asked once: the API's 401 says the rest
+
+function takeKey() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const given = params.get("key");
+  if (given !== null) {
+    params.delete("key");
+    const rest = params.toString();
+    history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+    try {
+      sessionStorage.setItem(KEY_STORE, given);
+    } catch (e) {
+      // No session storage: the key lasts as long as the page.
+    }
+    return given;
+  }
+  try {
+    return sessionStorage.getItem(KEY_STORE);
+  } catch (e) {
+    return null;
+  }
+}
+
+async function api(path, body, again = true) {
+  const headers = {};
+  if (apiKey) headers.authorization = `Bearer ${apiKey}`;
+  const init = body === undefined ? { headers } : {
+    method: "POST", headers: { ...headers, "content-type": "application/json" }, body: JSON.stringify(body),
   };
   let response;
   try {
     response = await fetch(path, init);
   } catch (e) {
     return { error: { message: `the playground server cannot be reached (${e.message})`, field: null } };
+  }
+  if (response.status === 401 && again && !keyDeclined) {
+    const given = window.prompt("This playground asks for its API key (the one it was started with):");
+    keyDeclined = !given;
+    if (given) {
+      apiKey = given.trim();
+      try {
+        sessionStorage.setItem(KEY_STORE, apiKey);
+      } catch (e) {
+        // As above: kept for the page only.
+      }
+      return api(path, body, false);
+    }
   }
   let data;
   try {
@@ -379,7 +423,7 @@ function drawStep() {
   const data = streamData;
   const s = data.steps[step];
   const end = s.start + s.ids.length;
-  const heldFrom = end - s.held.length;
+  const heldFrom = s.held_from;
   const box = $("stream-tokens");
   box.replaceChildren();
   data.tokens.forEach((tok, k) => {
@@ -393,8 +437,10 @@ function drawStep() {
   $("step-label").textContent = s.closed
     ? `step ${step + 1} of ${total}: close() · parser ${s.state}`
     : `step ${step + 1} of ${total}: ids ${s.start}–${end - 1} fed · parser ${s.state}`;
-  $("held").textContent = s.held.length
-    ? `Held back: ${s.held.length} id(s) ${JSON.stringify(s.held.map((t) => t.text).join(""))} — ${s.why}`
+  // The held ids are tokens[held_from .. held_from + held): a few of them are quoted.
+  const quoted = data.tokens.slice(heldFrom, heldFrom + Math.min(s.held, HELD_QUOTED)).map((t) => t.text).join("");
+  $("held").textContent = s.held
+    ? `Held back: ${s.held} id(s) ${JSON.stringify(quoted)}${s.held > HELD_QUOTED ? " …" : ""} — ${s.why}`
     : "Nothing held back: every id read so far is in an event.";
   const events = $("events");
   events.replaceChildren();
@@ -690,6 +736,7 @@ function wire() {
 }
 
 async function start() {
+  apiKey = takeKey();
   wire();
   const { data, error } = await api("/api/info");
   if (error) {
