@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -83,3 +84,24 @@ def test_string_argument_with_close_marker_survives_ids(k3: xtml.Template, vocab
     ids = k3.encode(request_of(case), vocab, **case["kwargs"])
     msg = k3.parse(ids, vocab)["messages"][1]
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"text": "A<|close|>argument<|sep|>B", "n": 1}'
+
+
+def test_response_schema_none_is_the_schema_null(k3: xtml.Template) -> None:
+    """K3's reference encoder takes ``response_schema`` whenever it is
+    given: given as None beside a json_schema response format, it writes
+    the schema ``null``. The reference vector with a json_schema format,
+    its schema's JSON replaced by ``null``, segment for segment."""
+    case = next(c for c in VECTORS if c["name"] == "10_response_format_json_schema")
+    schema = json.dumps(case["kwargs"]["response_format"]["json_schema"]["schema"], sort_keys=True,
+                        separators=(",", ":"))
+    assert case["text"].count(schema) == 1
+    text, segments = k3.render(request_of(case), **case["kwargs"], response_schema=None)
+    assert text == case["text"].replace(schema, "null")
+    assert [[s.text, s.special] for s in segments] == [[t.replace(schema, "null"), special]
+                                                       for t, special in case["segments"]]
+    # At every level the options are read from, as a keyword is.
+    body = {**request_of(case), **case["kwargs"]}
+    assert k3.render({**body, "response_schema": None}).text == text
+    assert k3.render({**body, "chat_template_kwargs": {"response_schema": None}}).text == text
+    # Beside no json_schema format it is absent, as the reference ignores it.
+    assert k3.render(request_of(case), response_schema=None) == k3.render(request_of(case))

@@ -218,3 +218,101 @@ def test_a_tiktoken_pattern_that_reads_otherwise_is_refused(tmp_path: Path) -> N
 
 
 OTHERWISE = r"[\p{L}\p{M}]+|."
+
+
+@cache
+def k3_vocab() -> xtml.Vocabulary:
+    return xtml.load_tokenizer(deepseek_path(), add_special_tokens=xtml.load("kimi-k3").markers.all())
+
+
+def export(target: Path, **kw: Any) -> Path:
+    return export_hf(xtml.load("kimi-k3"), k3_vocab(), target, **kw)
+
+
+def modes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mode & 0o7777 for p in [folder, *folder.iterdir()]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002], ids=["022", "027", "002"])
+def test_a_new_folder_has_the_modes_the_umask_gives(tmp_path: Path, umask: int) -> None:
+    """An engine running as another user reads the folder: it and its files
+    get the modes anything new gets (0o777 and 0o666 less the umask), not
+    a private temporary folder's 0o700."""
+    old = os.umask(umask)
+    try:
+        out = export(tmp_path / "k3")
+    finally:
+        os.umask(old)
+    assert modes(out) == {"k3": 0o777 & ~umask, **{name: 0o666 & ~umask for name in FILES}}
+
+
+def test_a_link_to_an_empty_folder_is_written_through(tmp_path: Path) -> None:
+    """The folder the link names gets the files, and keeps its own mode; the
+    link stays a link, and nothing is left beside either."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o750)
+    real.chmod(0o750)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert export(link) == link
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert sorted(p.name for p in real.iterdir()) == sorted(FILES)
+    assert real.stat().st_mode & 0o7777 == 0o750
+    assert json.loads((real / "tokenizer_config.json").read_text())["eos_token"] == "<|end_of_msg|>"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+    # Written again, the folder is not empty: refused unless forced.
+    with pytest.raises(xtml.ExportError, match="exists and is not empty"):
+        export(link)
+    export(link, force=True)
+    assert sorted(p.name for p in real.iterdir()) == sorted(FILES)
+
+
+def test_a_link_to_nothing_is_refused_at_the_link(tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    code, _out, err = run(["export", "hf", str(link), "--tokenizer", deepseek_path(), "--add-markers"])
+    assert code == 1 and err.count("\n") == 1, err
+    assert "is a symbolic link to" in err and str(link) in err and "does not exist" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"] and link.is_symlink()
+
+
+def test_force_replaces_links_and_keeps_modes(tmp_path: Path) -> None:
+    """Over a folder that is not empty: a link under a name the export
+    writes is replaced by the file, never written through; a file replaced
+    keeps its mode."""
+    outside = tmp_path / "outside.json"
+    outside.write_text("theirs")
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "tokenizer.json").symlink_to(outside)
+    (target / "XTML.md").write_text("old")
+    (target / "XTML.md").chmod(0o600)
+    (target / "other").write_text("kept")
+    export(target, force=True)
+    assert outside.read_text() == "theirs"
+    assert not (target / "tokenizer.json").is_symlink()
+    assert json.loads((target / "tokenizer.json").read_text())["added_tokens"]
+    assert (target / "XTML.md").stat().st_mode & 0o7777 == 0o600 and (target / "XTML.md").read_text() != "old"
+    assert (target / "other").read_text() == "kept"
+    assert sorted(p.name for p in target.iterdir()) == sorted(["other", *FILES])
+
+
+def test_a_failure_leaves_an_empty_folder_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure half-way through moving the files into an empty folder
+    takes away what was moved in, and names the folder, not a temporary
+    name."""
+    target = tmp_path / "out"
+    target.mkdir()
+    real_replace = os.replace
+    calls = itertools.count()
+
+    def failing(src: Any, dst: Any) -> None:
+        if next(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(xtml.ExportError) as info:
+        export(target)
+    assert str(target) in str(info.value) and "No space left on device" in str(info.value)
+    assert list(target.iterdir()) == []

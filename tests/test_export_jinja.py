@@ -26,6 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -351,3 +352,227 @@ def test_the_export_refuses_a_plugin_with_no_jinja_form(tmp_path: Path, monkeypa
 def test_the_page_s_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
     text, _ = run_examples("docs/exports.md", at_least=2)
     shown_on_page(text, capsys.readouterr().out, at_least=2)
+
+
+# -- hostile dialects ---------------------------------------------------------------------------
+#
+# A dialect file's text is data: the export spells each string as a string
+# (promise 1 of SECURITY.md), so no name, marker, effort, role or prose makes
+# the template run anything or render other text than xtml's. Each dialect
+# below is xtml-base with text that would close a comment, a string or a
+# block, spell a placeholder of the export's skeleton, or match what an
+# engine rewrites in a template's source before it reads it.
+
+INJECT_DQ = '" ~ ("INJECTED-" ~ messages[0].content) ~ "'
+INJECT_SQ = "' ~ ('INJECTED-' ~ messages[0].content) ~ '"
+BASE = builtin_files()["xtml-base"].read_text(encoding="utf-8")
+
+
+def toml(value: Any) -> str:
+    """A string, a list of them or a table of them in TOML (a JSON string is
+    a TOML basic string)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{toml(k)} = {toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def with_values(text: str, values: dict[str, Any]) -> str:
+    """``text`` with the first ``key = ...`` line of each key set to the
+    value; a key ``body:N`` sets the body of the N-th system message (its
+    ``{{`` and ``}}`` are literal braces)."""
+    for key, value in values.items():
+        name, _, nth = key.partition(":")
+        lines = list(re.finditer(rf"(?m)^{re.escape(name)} = .*$", text))
+        at = lines[int(nth or 0)]
+        text = text[:at.start()] + f"{name} = {toml(value)}" + text[at.end():]
+    return text
+
+
+HOSTILE: dict[str, str] = {
+    # The name and description go into the header comment.
+    "comment": with_values(BASE, {
+        "name": 'evil #}{{ "INJECTED " }}{# «DESCRIPTION» -#}',
+        "description": "x -#}{{- 'INJECTED' -}}{#- «NAME» {% raw %} #",
+    }),
+    # Markers: quotes that would close a literal, braces, the skeleton's
+    # placeholders, what @huggingface/jinja and llama.cpp rewrite.
+    "markers": with_values(BASE, {
+        "open": "<|«END»{{|>",
+        "close": "<|}}«MSG_CLOSE»\\'|>",
+        "sep": "<|-%} {%- generation -%}\t|>",
+        "end": INJECT_DQ,
+        "stop": [INJECT_DQ],
+    }),
+    # Efforts, roles and aliases, the prose of the internal messages.
+    "options": with_values(BASE, {
+        "accepted": ["system", "user", "assistant", "tool", "«ALIASES»", "r{{'x'}}"],
+        "aliases": {"developer": "system", "dev}}{{'x'": "system", "«ROLES»": "user"},
+        "efforts": ["low", "medium", "high", "«EFFORTS»", INJECT_SQ, "x}}{{y -%}"],
+        "default_effort": INJECT_SQ,
+        "off": ["{%- generation -%}", "none"],
+        # tool-declare, thinking-effort, tool-choice-none
+        "body:0": INJECT_SQ.replace("{", "{{").replace("}", "}}") + " «TOOL_DECLARE» {tools} #}}",
+        "body:2": "«EFFORT» {{{{- '{effort}' -}}}} «END» \\'",
+        "body:4": "«END» {{{{ 7 * 7 }}}} #}} ' \\ \" ~ messages ~ \" -%}} {{%- generation -%}} «MSG_CLOSE»",
+    }),
+}
+
+
+def hostile_requests(tpl: xtml.Template) -> list[dict[str, Any]]:
+    """Requests in the shapes every engine takes (llama-server's among
+    them): each option, role and effort of the dialect, calls and tools."""
+    d = tpl.dialect
+    tool = {"type": "function", "function": {"name": "get", "description": "d", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}
+    user = {"role": "user", "content": "hi"}
+    call = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": {"a": "x", "n": 2}}}
+    turn = [user, {"role": "assistant", "content": "ok", "reasoning_content": "hm", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    schema = {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+    out: list[dict[str, Any]] = [
+        {"messages": [user], "add_generation_prompt": True},
+        {"messages": [user], "add_generation_prompt": True, "thinking": True},
+        {"messages": turn, "tools": [tool], "add_generation_prompt": True, "thinking": True},
+        {"messages": [user], "tools": [tool], "tool_choice": "required", "response_format": schema,
+         "add_generation_prompt": True},
+        {"messages": [user], "tool_choice": "none", "response_format": {"type": "json_object"},
+         "add_generation_prompt": False},
+        {"messages": [user], "reasoning_effort": "not an effort", "add_generation_prompt": True},
+    ]
+    out += [{"messages": [user], "thinking_effort": e, "thinking": True, "add_generation_prompt": True}
+            for e in d.efforts]
+    out += [{"messages": [user], "reasoning_effort": e, "add_generation_prompt": True} for e in d.thinking_off]
+    out += [{"messages": [{"role": r, "content": "x"}, user], "add_generation_prompt": True}
+            for r in [*d.roles, *d.role_aliases] if r != "tool"]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_hostile_dialect_renders_xtml_s_text(engine: str, name: str, tmp_path: Path) -> None:
+    """Each engine renders xtml's text from the exported template of a
+    hostile dialect (or both refuse, with xtml's message where the engine
+    passes it through): nothing of the dialect's text is read as Jinja."""
+    need_engine(engine)
+    path = tmp_path / "hostile.toml"
+    path.write_text(HOSTILE[name], encoding="utf-8")
+    tpl = xtml.load(str(path))
+    requests = hostile_requests(tpl)
+    assert renders_as_xtml(engine, tpl, requests) >= len(requests) // 2
+
+
+def renders_as_xtml(engine: str, tpl: xtml.Template, requests: list[dict[str, Any]]) -> int:
+    """Asserts that ``engine`` renders each request with the exported
+    template as xtml renders what the engine handed over, or that both
+    refuse (with xtml's message, where the engine passes it through);
+    returns how many rendered."""
+    if engine == "llamacpp":
+        requests = [llamacpp_shape(r) for r in requests]
+    # llama-server's own parser of answers is no part of this claim.
+    got = render_all(engine, probed(jinja_template(tpl.dialect)), [{**r, "xtml_probe": True} for r in requests],
+                     chat_parsing=False)
+    alone = render_all(engine, LLAMACPP_PROBE if engine == "llamacpp" else PROBE, requests, chat_parsing=False)
+    equal = 0
+    for request, out, probe in zip(requests, got, alone, strict=True):
+        if out.text is not None:
+            text, _, seen_text = out.text.partition(SPLIT)
+            seen = handed(Rendered(seen_text, None))
+        else:
+            text, seen = None, handed(probe)
+        assert seen is not None, (request, out, probe)
+        want, why = xtml_render(tpl, seen)
+        assert text == want, (seen, out.error, why)
+        if want is None and engine in SAYS:
+            assert why is not None and out.error is not None and out.error.endswith(why), (out.error, why)
+        equal += want is not None
+    return equal
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_response_schema_none_is_the_schema_null(engine: str) -> None:
+    """As xtml (and K3's reference encoder): response_schema given as None
+    beside a json_schema response format writes the schema null; absent, the
+    format's own schema."""
+    need_engine(engine)
+    k3 = xtml.load("kimi-k3")
+    rf = {"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}
+    base = {"messages": [{"role": "user", "content": "hi"}], "response_format": rf, "add_generation_prompt": True}
+    requests = [base, {**base, "response_schema": None}, {**base, "response_schema": {"type": "number"}},
+                {**base, "response_format": {"type": "json_object"}, "response_schema": None}]
+    assert renders_as_xtml(engine, k3, requests) == len(requests)
+    assert "```json\nnull\n```" in k3.render(requests[1]).text
+
+
+def test_hostile_dialect_text_stays_text_in_the_template() -> None:
+    """In the exported source: the header comment ends where the skeleton
+    ends it, and no literal holds what would open or close a block."""
+    for name, text in HOSTILE.items():
+        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"xtml-hostile-{name}-{os.getpid()}.toml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            source = jinja_template(xtml.load(str(path)).dialect)
+        finally:
+            path.unlink()
+        head = source[:source.index("-#}") + 3]
+        assert head.count("#}") == 1 and head.startswith("{#- A Jinja chat template"), (name, head)
+        if name == "comment":  # the name and description spell each other's placeholder: kept as text
+            assert head.count("«DESCRIPTION»") == 1 and head.count("«NAME»") == 1, head
+        # The string tokens as Jinja2 reads them (its lexer knows strings)
+        # that the skeleton alone does not hold: made from the dialect's text.
+        own = set(strings(source)) - set(strings(jinja_template(xtml.load("xtml-base").dialect)))
+        assert name == "comment" or len(own) >= 3, own
+        for literal in own:
+            assert not re.search(r"\{[{%#]|[}%#]\}", literal), (name, literal)
+
+
+def strings(source: str) -> list[str]:
+    return [value for _, kind, value in jinja2.Environment().lex(source) if kind == "string"]
+
+
+def test_keys_that_are_not_strings_render_as_xtml_or_raise() -> None:
+    """A caller in Python can hand over an object whose keys are not strings
+    (JSON has none, so only transformers sees them). In a call's arguments
+    xtml writes them as json.dumps does ("10", "true", "null", "1.5"); as
+    argument names, or in tools and schemas, it refuses them: the template
+    does the same, with xtml's message."""
+    k3 = xtml.load("kimi-k3")
+    user = {"role": "user", "content": "hi"}
+
+    def called(args: dict[Any, Any]) -> dict[str, Any]:
+        call = {"type": "function", "function": {"name": "f", "arguments": args}}
+        return {"messages": [user, {"role": "assistant", "content": "", "tool_calls": [call]}],
+                "add_generation_prompt": False}
+
+    def tool(properties: dict[Any, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                                "properties": properties}}}
+
+    rendered = [called({"a": {10: 1}}), called({"a": [{True: 1, None: 2, 1.5: 3, -0.0: 4, 2**70: 5, "s": 6}]}),
+                called({"a": {False: {1e20: [1]}}, "b": 2})]
+    refused = [called({10: 1}), called({"a": 1, None: 2}), {"messages": [user], "tools": [tool({10: {}})]},
+               {"messages": [{"role": "system", "tools": [tool({True: {}})]}, user]},
+               {"messages": [user], "response_format": {"type": "json_schema", "json_schema": {"schema": {
+                   "type": "object", "properties": {None: {}}}}}}]
+    got = render_all("transformers", jinja_template(k3.dialect), rendered + refused)
+    for request, out in zip(rendered, got[:len(rendered)], strict=True):
+        want = k3.render(request).text
+        assert '"10": 1' in want or '"true": 1' in want or '"false": {"1e+20": [1]}' in want, want
+        assert out == Rendered(want, None), (request, out)
+    for request, out in zip(refused, got[len(rendered):], strict=True):
+        with pytest.raises(xtml.XtmlError) as info:
+            k3.render(request)
+        assert out.text is None and out.error is not None and out.error.endswith(str(info.value)), (out, info)
+
+
+def test_text_no_engine_reads_alike_is_refused_at_the_file(tmp_path: Path) -> None:
+    """A control character (other than tab and line ends) has no string
+    spelling all three engines read: the export refuses the dialect, in one
+    line naming its file, and writes nothing."""
+    path = tmp_path / "bell.toml"
+    path.write_text(with_values(BASE, {"body:3": "Call a tool.\u0007"}), encoding="utf-8")
+    xtml.load(str(path))  # a valid dialect: only the export cannot spell it
+    code, out, err = run(["export", "jinja", "-t", str(path)])
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert "U+0007" in err and str(path) in err, err

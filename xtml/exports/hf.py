@@ -4,10 +4,15 @@ special tokens, ``tokenizer_config.json`` with the Jinja chat template
 (:mod:`.jinja`) and transformers' ``response_template`` (:mod:`.response_template`),
 and ``XTML.md`` saying what the folder cannot do that xtml does.
 
-The folder is written whole or not at all: into a new folder beside the
-target, renamed into place. An existing folder that is not empty is refused
-unless ``force``; then only the files this export writes are replaced, each
-atomically, and nothing else in the folder is touched.
+The folder is written whole or not at all. A new one is written into a
+folder beside the target, renamed into place. An existing folder (or one a
+symbolic link names: the link stays) is written into: each file beside its
+final name, then moved over it, so every file is replaced atomically and
+nothing else in the folder is touched; a folder that is not empty is
+refused unless ``force``. Folders and files get the modes the umask gives
+anything new (an engine running as another user reads them), a replaced
+file keeps its own mode, and a symbolic link in the folder under one of
+the names written is replaced, never written through.
 
 A tiktoken vocabulary (Kimi's models ship one) is converted to a
 ``tokenizer.json`` with transformers' converter, then checked id for id
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +48,18 @@ def export_hf(template: Template, vocab: Vocabulary, folder: str | os.PathLike[s
     """Write the Hugging Face tokenizer folder of ``template`` over ``vocab``
     (which must hold every marker as one special token) into ``folder``;
     returns the folder. Raises :class:`ExportError` for a folder that exists
-    and is not empty (unless ``force``), :class:`~xtml.TokenizerError` for a
+    and is not empty (unless ``force``), a symbolic link to nothing, or a
+    folder that cannot be written, :class:`~xtml.TokenizerError` for a
     vocabulary without the markers or one that does not convert exactly, and
     :class:`~xtml.TemplateError` for a dialect with no Jinja form."""
     target = Path(folder)
+    if target.is_symlink() and not target.exists():
+        raise ExportError(f"{str(target)!r} is a symbolic link to {os.readlink(target)!r}, which does not exist: "
+                          "make that folder, or give another", location=str(target))
     if target.exists() and not target.is_dir():
         raise ExportError(f"{str(target)!r} exists and is not a folder", location=str(target))
-    if target.is_dir() and any(target.iterdir()) and not force:
+    empty = target.is_dir() and not any(target.iterdir())
+    if target.is_dir() and not empty and not force:
         raise ExportError(f"{str(target)!r} exists and is not empty: give another folder, or force to replace "
                           f"the files this export writes ({', '.join(FILES)}) and leave the rest",
                           location=str(target))
@@ -64,24 +76,85 @@ def export_hf(template: Template, vocab: Vocabulary, folder: str | os.PathLike[s
         "chat_template": chat,
         "response_template": parser,
     }
-    note = _note(template, binding.marker_ids, parser_limits)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    texts = {
+        "tokenizer.json": tokenizer.to_str(pretty=True),  # what Tokenizer.save writes
+        "tokenizer_config.json": json.dumps(config, ensure_ascii=False, indent=2) + "\n",
+        "XTML.md": _note(template, binding.marker_ids, parser_limits),
+    }
     try:
-        tokenizer.save(str(work / "tokenizer.json"))
-        (work / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n",
-                                                    encoding="utf-8")
-        (work / "XTML.md").write_text(note, encoding="utf-8")
-        if not target.exists():
-            os.rename(work, target)
-        elif not any(target.iterdir()):
-            os.replace(work, target)
+        if target.is_dir():
+            _write_into(target, texts, empty)
         else:
-            for name in FILES:
-                os.replace(work / name, target / name)
+            _write_new(target, texts)
+    except OSError as e:
+        # Named by the target: the temporary names are gone by now.
+        raise ExportError(f"cannot write {str(target)!r}: {e.strerror or e}", location=str(target)) from None
+    return target
+
+
+def _unique(make: Callable[[Path], None], folder: Path, name: str) -> Path:
+    """A new entry ``.NAME.RANDOM`` in ``folder``, made by ``make`` (which
+    must fail on an existing name: never through a link planted there)."""
+    for _ in range(100):
+        path = folder / f".{name}.{secrets.token_hex(6)}"
+        try:
+            make(path)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free temporary name for {name!r} in {str(folder)!r}")
+
+
+def _create(path: Path) -> None:
+    # 0o666 less the umask (and 0o777 for a folder, os.mkdir), applied by the
+    # system itself: reading the umask (os.umask) would change it for every
+    # thread for a moment.
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:  # an existing file: its mode stays
+        f.write(text)
+
+
+def _write_new(target: Path, texts: dict[str, str]) -> None:
+    """A folder that does not exist: written beside it, renamed into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = _unique(lambda p: os.mkdir(p, 0o777), target.parent, target.name)
+    try:
+        for name, text in texts.items():
+            _write(work / name, text)
+        os.rename(work, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return target
+
+
+def _write_into(folder: Path, texts: dict[str, str], empty: bool) -> None:
+    """An existing folder: each file written beside its final name, then
+    moved over it. In a folder that was empty, a failure takes away what
+    was moved in, so that it is left as it was."""
+    parts: dict[str, Path] = {}
+    placed: list[Path] = []
+    try:
+        for name, text in texts.items():
+            part = parts[name] = _unique(_create, folder, name)
+            _write(part, text)
+            try:
+                old = os.lstat(folder / name)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(old.st_mode):
+                os.chmod(part, stat.S_IMODE(old.st_mode))
+        for name, part in parts.items():
+            os.replace(part, folder / name)
+            placed.append(folder / name)
+    except BaseException:
+        for part in parts.values():
+            part.unlink(missing_ok=True)
+        if empty:
+            for path in placed:
+                path.unlink(missing_ok=True)
+        raise
 
 
 def _hf_tokenizer(vocab: Vocabulary) -> Any:

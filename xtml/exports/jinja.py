@@ -28,7 +28,7 @@ from functools import cache
 from importlib.resources import files
 
 from ..chat.dialect import Dialect
-from ..errors import TemplateError
+from ..errors import TemplateError, shown
 
 __all__ = ["jinja_template"]
 
@@ -38,12 +38,53 @@ _ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def _q(s: str) -> str:
-    """``s`` as a Jinja string literal that every engine reads alike."""
+    """``s`` as a Jinja expression that every engine reads as that string.
+
+    Inside a string token Jinja2 and llama.cpp's engine read braces as
+    text, but ``@huggingface/jinja`` rewrites the template's source with
+    regular expressions before it tokenizes it (transformers'
+    ``{% generation %}`` tag is removed, strings included), and an engine
+    may trim at ``{X-`` and ``-X}`` the same way. So no literal holds a
+    brace next to another character: the string is cut after every ``{``
+    and before every ``}`` and its pieces joined with ``~``, and no
+    delimiter is ever spelt inside a literal."""
     bad = next((ch for ch in s if ord(ch) < 0x20 and ch not in _ESCAPES), None)
     if bad is not None:
-        raise TemplateError(f"a control character U+{ord(bad):04X} in the dialect's text has no Jinja spelling "
-                            "every engine reads")
-    return "'" + "".join(_ESCAPES.get(ch, ch) for ch in s) + "'"
+        raise TemplateError(f"a control character U+{ord(bad):04X} in the dialect's text {shown(s)} has no Jinja "
+                            "spelling every engine reads")
+    pieces = [p for p in _BRACES.split(s) if p] or [""]
+    lits = ["'" + "".join(_ESCAPES.get(ch, ch) for ch in p) + "'" for p in pieces]
+    return lits[0] if len(lits) == 1 else "(" + " ~ ".join(lits) + ")"
+
+
+_BRACES = re.compile(r"(?<=\{)|(?=\})")
+
+
+def _comment(s: str) -> str:
+    """``s`` for the inside of a ``{#- … -#}`` comment: a space between any
+    two of ``{ % # }`` that meet, so that it can neither end the comment
+    nor open anything (which an engine's source rewriting could read)."""
+    return _DELIMS.sub(" ", s)
+
+
+_DELIMS = re.compile(r"(?<=[{%#}])(?=[{%#}])")
+
+# A placeholder of the skeleton: «NAME».
+_PLACEHOLDER = re.compile("«[A-Z_]+»")
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    """``text`` with each placeholder replaced by its value, in one pass: a
+    value is never read again, so the dialect's text in it (which may spell
+    a placeholder) stays what it is."""
+    def one(m: re.Match[str]) -> str:
+        got = values.get(m.group())
+        if got is None:
+            raise TemplateError(f"the Jinja skeleton names {m.group()}, which the export does not fill",
+                                location="xtml/exports/chat_template.jinja")
+        return got
+
+    return _PLACEHOLDER.sub(one, text)
 
 
 # What str.strip() strips: every character str.isspace() is true of.
@@ -188,39 +229,43 @@ class _Writer:
             "«EMBED_END»": _list(embeds_end),
             "«END»": "{{ " + _q(self.e) + " }}",
             "«MSG_CLOSE»": self.close_tag(n["message"]),
-            "«TOOL_DECLARE»": self.internal("tool-declare", {"tools": "x_json(x.tools, true, [',', ':'])"}),
-            "«TOOL_DECLARE_DYNAMIC»": self.internal("tool-declare-dynamic",
-                                                     {"tools": "x_json(m.tools, true, [',', ':'])"}),
+            "«TOOL_DECLARE»": self.internal("tool-declare", {"tools": "x_json(x.tools, true, [',', ':'], 'tools')"}),
+            "«TOOL_DECLARE_DYNAMIC»": self.internal(
+                "tool-declare-dynamic", {"tools": "x_json(m.tools, true, [',', ':'], 'messages[' ~ mi ~ '].tools')"}),
             "«EFFORT_MSG»": self.internal("thinking-effort", {"effort": "x.effort"}),
             "«CHOICE_REQUIRED»": self.internal("tool-choice-required", {}),
             "«CHOICE_NONE»": self.internal("tool-choice-none", {}),
             "«RF_OBJECT»": self.internal("response-format-json-object", {}),
             "«RF_SCHEMA»": self.internal("response-format-json-schema",
-                                         {"schema": "x_json(x.schema, true, [',', ':'])"}),
+                                         {"schema": "x_json(x.schema, true, [',', ':'], 'response_format')"}),
             "«OPEN_TOOL»": self.open_tag(n["message"], self.fixed_attr(n["role"], "tool")
                                          + self.attr(n["tool"], "e[2]")
                                          + "{{ " + _q(f' {n["index"]}="') + " }}{{ e[1] }}{{ '\"' }}"),
             "«OPEN_MSG»": self.open_tag(n["message"], self.attr(n["role"], "role")
                                         + "{%- if name -%}" + self.attr(n["name"], "name") + "{%- endif -%}"),
-            "«CHANNELS»": self.channels(ch_tags),
+            "«CHANNELS»": self.channels(ch_tags, self.calls()),
             "«PROMPT_ON»": self.prompt(prompt[True]),
             "«PROMPT_OFF»": self.prompt(prompt[False]),
-            "«CALL_OPEN»": self.open_tag(n["call"], self.attr(n["tool"], "fname")
-                                         + "{{ " + _q(f' {n["index"]}="') + " }}{{ loop.index }}{{ '\"' }}"),
-            "«CALL_CLOSE»": self.close_tag(n["call"]),
-            "«ARG»": self.open_tag(n["argument"], self.attr(n["key"], "k") + self.attr(n["type"], "x_type(v)"))
-            + "{%- if v is string -%}{{ v }}{%- else -%}{{ x_json(v, false, [', ', ': ']) }}{%- endif -%}"
-            + self.close_tag(n["argument"]),
         }
         sub["«ONESHOT»"] = ("{%- if x.tc == 'required' -%}" + sub["«CHOICE_REQUIRED»"]
                             + "{%- elif x.tc == 'none' -%}" + sub["«CHOICE_NONE»"] + "{%- endif -%}"
                             + "{%- if x.rf == 'json_object' -%}" + sub["«RF_OBJECT»"]
                             + "{%- elif x.rf == 'json_schema' -%}" + sub["«RF_SCHEMA»"] + "{%- endif -%}")
-        text = _sections()["main"]
-        for k, v in sub.items():
-            text = text.replace(k, v)
-        header = _sections()["header"].replace("«NAME»", d.name)
-        return header.replace("«DESCRIPTION»", d.description.replace("#}", "# }")) + text
+        header = _fill(_sections()["header"], {"«NAME»": _comment(d.name), "«DESCRIPTION»": _comment(d.description)})
+        return header + _fill(_sections()["main"], sub)
+
+    def calls(self) -> str:
+        """The tools channel's body: each call of the message (``calls``)
+        with its arguments."""
+        n = self.n
+        return _fill(_sections()["calls"], {
+            "«CALL_OPEN»": self.open_tag(n["call"], self.attr(n["tool"], "fname")
+                                         + "{{ " + _q(f' {n["index"]}="') + " }}{{ loop.index }}{{ '\"' }}"),
+            "«CALL_CLOSE»": self.close_tag(n["call"]),
+            "«ARG»": self.open_tag(n["argument"], self.attr(n["key"], "k") + self.attr(n["type"], "x_type(v)"))
+            + "{%- if v is string -%}{{ v }}{%- else -%}{{ x_json(v, false, [', ', ': '], '') }}{%- endif -%}"
+            + self.close_tag(n["argument"]),
+        })
 
     def markup_macros(self) -> str:
         """``x_element``, ``x_open`` and ``x_close``: markup for plugins'
@@ -237,7 +282,7 @@ class _Writer:
         out = self.open_tag(n["message"], self.fixed_attr(n["role"], "assistant"))
         return out + (self.open_tag(tag) if tag else "")
 
-    def channels(self, tags: list[tuple[str, str]]) -> str:
+    def channels(self, tags: list[tuple[str, str]], calls: str) -> str:
         """The channels of assistant message ``m`` (its reasoning in
         ``reasoning``, its calls in ``calls``); with ``hold`` the last
         channel written is left open (continue_final_message)."""
@@ -251,7 +296,7 @@ class _Writer:
             elif holds == "content":
                 body = self.open_tag(tag) + "{{ x_content(m.content if 'content' in m else none, mi) }}" + held
             else:
-                body = "{%- if calls -%}" + self.open_tag(tag) + _sections()["calls"] + held + "{%- endif -%}"
+                body = "{%- if calls -%}" + self.open_tag(tag) + calls + held + "{%- endif -%}"
             # Each channel closes the one before it, held open until it is
             # known not to be the last.
             out.append("{%- if hold and c.last -%}" + "{{ " + _q(self.c) + " ~ c.last ~ " + _q(self.s) + " }}"
@@ -270,5 +315,11 @@ def _sections() -> dict[str, str]:
 def jinja_template(d: Dialect) -> str:
     """The Jinja chat template of dialect ``d`` (see the module's doc).
     Raises :class:`~xtml.TemplateError` for a dialect it cannot write
-    (a plugin with no Jinja form), at the plugin."""
-    return _Writer(d).write()
+    (a plugin with no Jinja form), at the plugin, or text no engine reads
+    alike (a control character), at the dialect's file."""
+    try:
+        return _Writer(d).write()
+    except TemplateError as e:
+        if e.location is not None:
+            raise
+        raise TemplateError(e.msg, location=d.path) from None
