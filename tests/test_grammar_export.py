@@ -539,6 +539,40 @@ def test_numbers_past_what_python_reads_are_refused(key: str, text: str) -> None
     assert offset(ps, k) <= refused_at(grammar, ids_of(ps)) < offset(ps, k + 1)
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "integer", "minimum": 0}
+    for i in range(depth):
+        s = {"type": "array", "items": s, "maxItems": 3} if i % 2 else {
+            "type": "object", "properties": {"x": s, "y": {"type": "number"}}, "required": ["x"]}
+    return {"type": "object", "properties": {"a": s, "b": {"anyOf": [s, {"type": "null"}]}}}
+
+
+@pytest.mark.parametrize("fmt", ["llguidance", "gbnf", "xgrammar", "xgrammar-tag"])
+def test_the_grammar_grows_linearly_with_the_schema_s_depth(fmt: str) -> None:
+    """Each nested value is one rule, referred to by name: written out
+    twice (an array's first and further items, an object member before and
+    after a comma) it doubled at every level, and a tool schema of 20 nested
+    arrays made a 145 MB grammar."""
+    sizes = []
+    for depth in (8, 32):
+        tool = {"type": "function", "function": {"name": "f", "parameters": _nested(depth)}}
+        sizes.append(len(K3.completion_grammar({"messages": [{"role": "user", "content": "x"}], "tools": [tool],
+                                                "tool_choice": "required"}, vocab(), format=fmt)))
+    base = len(K3.completion_grammar({"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": _nested(0)}}], "tool_choice": "required"},
+        vocab(), format=fmt))
+    # Four times the levels: at most about four times what they add.
+    assert sizes[1] - base <= 4.5 * (sizes[0] - base), sizes
+
+
+def test_a_deeply_nested_schema_s_grammar_compiles_and_accepts() -> None:
+    args = {"a": {"x": [{"x": [{"x": 5, "y": 1.5}]}]}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": _nested(5)}}
+    history = {"messages": [{"role": "user", "content": "x"}], "tools": [tool], "thinking": False}
+    message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": args}}]}
+    accepts(K3.completion_grammar(history, vocab()), ids_of(pieces(K3, history, message)))
+
+
 @pytest.mark.parametrize("where", ["key", "enum", "nested", "name"])
 def test_a_fixed_string_that_spells_a_marker_is_refused(where: str) -> None:
     """llguidance would force the marker's token there, then refuse it: the

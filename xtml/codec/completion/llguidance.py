@@ -10,6 +10,7 @@ own ``%json`` of the argument's schema.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,6 +143,7 @@ _STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format", "conten
 _STRUCTURE = frozenset({"properties", "required", "additionalProperties", "items", "minItems", "maxItems", "anyOf",
                         "$ref", "enum", "const", *_BOUNDS, *_STRING_KEYS})
 _MAX_ITEMS = 64
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """Array lengths up to this are spelled out as repetition counts."""
 # llguidance writes a number between bounds as digits, and refuses to for
 # bounds much past 1e17: with one bound given, the other is 1e17, and the
@@ -366,6 +368,17 @@ class _Lark(GrammarWriter):
             return None
         return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
 
+    def named(self, expr: str, stem: str) -> str:
+        """``expr`` as a rule's name: an expression written twice (an array's
+        first and further items, an object member in the rules before and
+        after a comma) would double at every level of nesting, a grammar
+        exponential in the schema's depth."""
+        if _NAME.fullmatch(expr):
+            return expr
+        name = f"j_{stem}{len(self.rules)}"
+        self.rule(name, expr)
+        return name
+
     def json_rule(self, s: Any, root: Any, depth: int, only: str | None) -> str:
         """A named rule for the target of a ``$ref``, made once: references
         may be recursive."""
@@ -433,7 +446,8 @@ class _Lark(GrammarWriter):
         members += [(k, addl, True) for k in more]
         ws = 'JWS? ":" JWS?'
         spelled = [(_lark_str(_STRING.encode(k)), sub, need) for k, sub, need in members]
-        exprs = [(f"{lit} {ws} {self.json_schema(sub, root, depth + 1)} JWS?", need) for lit, sub, need in spelled]
+        exprs = [(f"{lit} {ws} {self.named(self.json_schema(sub, root, depth + 1), 'val')} JWS?", need)
+                 for lit, sub, need in spelled]
         extra = None
         if addl is not False:
             key = f"JKEY_{len(self.terminals)}"
@@ -441,7 +455,7 @@ class _Lark(GrammarWriter):
             # One spelling per key (Python's), so that no listed key comes
             # again spelled another way: the parse would keep the later value.
             self.terminals[key] = _JSON_KEY + (f" & ~({known})" if known else "")
-            extra = f"{key} {ws} {self.json_schema(addl, root, depth + 1)} JWS?"
+            extra = f"{key} {ws} {self.named(self.json_schema(addl, root, depth + 1), 'val')} JWS?"
         base = f"j_obj{len(self.rules)}"
         sep = '"," JWS?'
         n = len(exprs)
@@ -471,7 +485,7 @@ class _Lark(GrammarWriter):
             return self.plain_json("array")
         if hi == 0:
             return '"[" JWS? "]"'
-        item = f"{self.json_schema(items, root, depth + 1)} JWS?"
+        item = f"{self.named(self.json_schema(items, root, depth + 1), 'item')} JWS?"
         count = "*" if hi is None and lo <= 1 else f"{{{max(lo - 1, 0)},{'' if hi is None else hi - 1}}}"
         rest = f'("," JWS? {item}){count}'
         body = f"{item} {rest}"
