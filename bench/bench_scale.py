@@ -108,7 +108,7 @@ def build(path: str, size: int) -> tuple[Callable[[], Any], int]:
         vocab.byte_table()
     else:
         k3, vocab = xtml.load("kimi-k3"), None
-    k3.max_chars = None
+    k3 = k3.replace(max_chars=None)
 
     options = {"add_generation_prompt": False, "reasoning_effort": "high"}
 
@@ -185,9 +185,8 @@ def build(path: str, size: int) -> tuple[Callable[[], Any], int]:
         return (lambda: check_text(text, "bench.toml")), len(text.encode())
     if path == "gateway-body":
         import asyncio
-        from types import SimpleNamespace
 
-        from xtml.serving.gateway import Gateway
+        from xtml.serving.asgi import read_body
 
         block = b"x" * (64 << 10)
         n = max(1, size // len(block))
@@ -200,11 +199,9 @@ def build(path: str, size: int) -> tuple[Callable[[], Any], int]:
                 left -= 1
                 return {"type": "http.request", "body": block, "more_body": left > 0}
 
-            async def send(message: Any) -> None:
-                raise AssertionError("the body was refused")
-
-            stub: Any = SimpleNamespace(max_body=n * len(block))
-            return await Gateway._body(stub, {"headers": []}, receive, send)
+            body = await read_body({"headers": []}, receive, n * len(block))
+            assert isinstance(body, bytes), "the body was refused"
+            return body
 
         return (lambda: asyncio.run(collect())), n * len(block)
     if path == "stream-deltas":

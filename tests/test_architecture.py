@@ -257,3 +257,28 @@ def test_no_test_module_imports_another() -> None:
             wrong += [f"{f.relative_to(tests)} imports {n}" for n in names
                       if n.startswith("tests.test_") or n.startswith("tests.conftest")]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+MAX_LINES = 800
+"""A module longer than this holds more than one job: split it along its seams."""
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = [f"{name}: {n} lines" for name, path in sorted(_modules().items())
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    assert not long, "\n".join(long)
+
+
+def test_the_edges_ask_the_facade_not_the_request_reader() -> None:
+    """The gateway and the playground learn what a request resolved to from
+    ``Template.encode_request`` (the named tool choice included), never by
+    reading the request again with the chat layer's own field table."""
+    inner = ("xtml.chat.fields", "xtml.chat.request")
+    wrong = []
+    for name, path in sorted(_modules().items()):
+        if _package(name) not in ("xtml.serving", "xtml.playground"):
+            continue
+        for mod, names in _all_imports(path, name):
+            targets = [mod, *(f"{mod}.{n}" for n in names)]
+            wrong += [f"{name} imports {t}" for t in targets if t in inner]
+    assert not wrong, "\n".join(wrong)

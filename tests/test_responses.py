@@ -613,7 +613,8 @@ def test_a_follow_up_answers_the_stored_calls_by_id(vllm: Rig) -> None:
 
 def _gateway(rig: Rig) -> Any:
     app: Any = rig.gateway.server.config.app
-    return app.chat.__self__
+    route = next(r for r in app.routes if r.path == "/v1/responses")
+    return route.endpoint.app.__self__
 
 
 def test_a_small_follow_up_to_a_large_conversation_is_rendered_off_the_event_loop(

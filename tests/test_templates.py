@@ -408,7 +408,8 @@ def test_templates_json() -> None:
     code, out, _ = run(["templates", "--format", "json"])
     assert code == 0
     rows = json.loads(out)
-    assert [r["name"] for r in rows] == ["kimi-k3", "xtml-base"]
+    assert [(r["name"], r["engine"]) for r in rows] == [("kimi-k3", "xtml"), ("xtml-base", "xtml"),
+                                                        ("smollm2", "layout"), ("qwen3", "layout")]
     assert rows[0]["aliases"] == ["k3"] and all(Path(r["path"]).is_file() for r in rows)
 
 

@@ -21,7 +21,7 @@ from .errors import (
     XtmlError,
 )
 from .markup.segments import Segment
-from .template import Ambiguity, Encoded, Rendered, Template, load
+from .template import Ambiguity, Dropped, Encoded, Rendered, Template, load
 from .vocab.load import load_tokenizer
 from .vocab.vocabulary import Vocabulary
 
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Ambiguity",
     "Conversation",
+    "Dropped",
     "Encoded",
     "ExportError",
     "MarkupError",

@@ -10,22 +10,26 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .chat.dialect import Dialect
+from .chat.fields import dump, keyword_options, request_options
+from .chat.layout import LayoutDialect
+from .chat.layout_file import load_any_dialect
+from .chat.layout_request import Dropped
 from .chat.prompt import generation_prompt
 from .chat.render import normal_form, render, render_tree
-from .chat.request import MAX_CHARS, Msg, Options, prepare, split_request
-from .chat.template_file import load_dialect
+from .chat.request import MAX_CHARS, TEXT_PART_TYPES, Msg, Options, prepare, request_size, split_request
+from .codec import layout as layout_codec
 from .codec.completion import completion_plan
 from .codec.conversation import Conversation
 from .codec.parse import parse, reasoning_length
 from .codec.stream import StreamParser
 from .codec.training import TrainingExample, encode_example
-from .errors import OptionError, RequestError
+from .errors import OptionError, ParseError, RequestError
 from .lru import Lru
 from .markup.collector import collector_paused
 from .markup.markers import Markers
@@ -34,9 +38,10 @@ from .markup.parse import check_size
 from .markup.segments import Segment, to_segments
 from .vocab.binding import Binding, bound
 from .vocab.load import load_tokenizer
+from .vocab.tokens import TokenBinding
 from .vocab.vocabulary import Vocabulary
 
-__all__ = ["Ambiguity", "Encoded", "Rendered", "Template", "load"]
+__all__ = ["Ambiguity", "Dropped", "Encoded", "Rendered", "Template", "load"]
 
 
 class Ambiguity(NamedTuple):
@@ -69,11 +74,26 @@ class Rendered(_TextAndSegments):
     # A pair still, so that ``text, segments = template.render(...)`` holds;
     # the markers ride in the instance's __dict__, outside the tuple.
     _markers: Markers | None = None
+    _finder: tuple[re.Pattern[str], str] | None = None
+    _dropped: tuple[Dropped, ...] = ()
 
-    def __new__(cls, text: str, segments: list[Segment], markers: Markers | None = None) -> Rendered:
+    def __new__(cls, text: str, segments: list[Segment], markers: Markers | None = None, *,
+                finder: tuple[re.Pattern[str], str] | None = None, dropped: tuple[Dropped, ...] = ()) -> Rendered:
         self = super().__new__(cls, text, segments)
         self._markers = markers
+        if finder is not None:
+            self._finder = finder
+        if dropped:
+            self._dropped = dropped
         return self
+
+    @property
+    def dropped(self) -> tuple[Dropped, ...]:
+        """What the request held that the format does not write (a layout
+        dialect's declared drops, as its official template drops them):
+        one entry per field or option, never silent. Empty for XTML
+        dialects, which write everything they accept."""
+        return self._dropped
 
     @cached_property
     def ambiguous(self) -> tuple[Ambiguity, ...]:
@@ -82,9 +102,12 @@ class Rendered(_TextAndSegments):
         exactly when this is empty. Token ids are never ambiguous."""
         segs = self.segments
         markers = self._markers
-        if markers is not None:
+        end: str | None
+        if self._finder is not None:
+            finder, end = self._finder
+        elif markers is not None:
             finder = markers.splitter()
-            end: str | None = markers.end
+            end = markers.end
         else:  # made by hand: the markers it holds are all that is known
             held = sorted({s.text for s in segs if s.special}, key=len, reverse=True)
             if not held:
@@ -107,14 +130,41 @@ class Rendered(_TextAndSegments):
         return tuple(found)
 
 
-class Encoded(NamedTuple):
+def _tool_named(request: Any, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``tool_choice`` of a checked request (keyword options over the
+    body's) when it names a function."""
+    given: dict[str, Any] = {}
+    if not isinstance(request, list | tuple):
+        given = request_options(dump(request, unset=True), options.get("unknown_keys") == "ignore")
+    keywords = {k: v for k, v in options.items() if k not in ("unknown_keys", "max_chars")}
+    if keywords:
+        given.update(keyword_options(keywords))
+    tc = given.get("tool_choice")
+    return dict(tc) if isinstance(tc, Mapping) else None
+
+
+class _IdsAndOptions(NamedTuple):
+    ids: list[int]
+    options: Options
+
+
+class Encoded(_IdsAndOptions):
     """What :meth:`Template.encode_request` returns: the ids, and the options
     the request resolved to (defaults, aliases and precedence applied), for
     callers that act on them (a gateway refusing ``continue_final_message``,
-    a stream started in the mode of the prompt)."""
+    a stream started in the mode of the prompt). A pair, so that ``ids,
+    options = template.encode_request(...)`` holds; :attr:`tool_named` rides
+    beside it."""
 
-    ids: list[int]
-    options: Options
+    tool_named: dict[str, Any] | None
+    """A ``tool_choice`` naming a function, as given: the options read it
+    as ``auto`` (the prompt says nothing of it); a grammar holds the model
+    to it."""
+
+    def __new__(cls, ids: list[int], options: Options, tool_named: dict[str, Any] | None = None) -> Encoded:
+        self = super().__new__(cls, ids, options)
+        self.tool_named = tool_named
+        return self
 
 
 TokenizerLike = Vocabulary | str | os.PathLike[str] | Any
@@ -142,6 +192,9 @@ class Template:
     or token ids) this template takes; None: no limit. A call's own
     ``max_chars=`` keyword overrides it. Past it: :class:`RequestError`
     or :class:`ParseError`, in lenient parses too."""
+    text_part_types: tuple[str, ...] = TEXT_PART_TYPES
+    """The content part types that are text; any other part is media, which
+    a plugin renders (an engine sent ids only would see a placeholder)."""
     _copies: _Copies
     _pinned: _Pinned
 
@@ -210,10 +263,7 @@ class Template:
         """The request as parse would return it after render (spec.md, "Normal form")."""
         o, msgs = self._prepare(request, options)
         render_tree(self.dialect, o, msgs)  # the same checks as render
-        try:
-            return normal_form(self.dialect, o, msgs)
-        except RecursionError:
-            raise RequestError("the request is nested too deeply") from None
+        return normal_form(self.dialect, o, msgs)
 
     def encode(self, request: Any, tokenizer: TokenizerLike, **options: Any) -> list[int]:
         """Token ids of a request for ``tokenizer`` (a :class:`Vocabulary`, a
@@ -229,7 +279,7 @@ class Template:
         with collector_paused():
             o, msgs = self._prepare(request, options)
             render(self.dialect, o, msgs, sink)
-            return Encoded(sink.finish(), o)
+            return Encoded(sink.finish(), o, _tool_named(request, options) if o.tool_choice is None else None)
 
     def encode_training(self, request: Any, tokenizer: TokenizerLike, *, train: Any = None,
                         **options: Any) -> TrainingExample:
@@ -429,7 +479,189 @@ def load(name_or_path: str | os.PathLike[str] = "kimi-k3") -> Template:
         pass
     t = _cache.get(key)
     if t is None:
-        t = _cache.put(key, Template(load_dialect(name)))
+        d = load_any_dialect(name)
+        t = _cache.put(key, LayoutTemplate(d) if isinstance(d, LayoutDialect) else Template(d))
     return t
 
 
+
+
+class LayoutTemplate(Template):
+    """A template of a layout dialect (``[template] engine = "layout"``):
+    the :class:`Template` API over a format that is not XTML-shaped.
+
+    Its :attr:`dialect` is a :class:`~xtml.chat.layout.LayoutDialect`,
+    which answers what the serving layer asks of a dialect; :meth:`bind`
+    gives a :class:`~xtml.vocab.tokens.TokenBinding` and :meth:`stream` a
+    :class:`~xtml.codec.layout.LayoutStream`, each with the members the
+    gateway uses. What the layout engine does not do yet raises a
+    :class:`~xtml.XtmlError` saying so."""
+
+    layout: LayoutDialect
+    _finder: re.Pattern[str]
+
+    def __init__(self, dialect: LayoutDialect, *, max_chars: int | None = MAX_CHARS) -> None:
+        self._init_layout(dialect, _checked_limit(max_chars), weakref.WeakKeyDictionary(), Lru())
+
+    def _init_layout(self, dialect: LayoutDialect, max_chars: int | None, copies: _Copies, pinned: _Pinned) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("layout", dialect)
+        # The serving layer reads efforts, thinking_off and channel_tag of
+        # any template's dialect; a layout dialect has them.
+        put("dialect", dialect)
+        put("max_chars", max_chars)
+        put("_copies", copies)
+        put("_pinned", pinned)
+        put("_finder", dialect.finder())
+
+    def replace(self, *, max_chars: int | None) -> Template:
+        t = object.__new__(LayoutTemplate)
+        t._init_layout(self.layout, _checked_limit(max_chars), self._copies, self._pinned)
+        return t
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    @property
+    def path(self) -> str:
+        return self.layout.path
+
+    def _not_yet(self, what: str) -> OptionError:
+        return OptionError(f"{what} is not yet available for the layout dialect {self.layout.name!r}",
+                           option=what.split(" ")[0])
+
+    def _options(self, options: dict[str, Any]) -> dict[str, Any]:
+        limit = options.pop("max_chars", None)
+        if limit is None:
+            limit = self.max_chars
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
+        return {"limit": limit}
+
+    def _render(self, request: Any, options: dict[str, Any]) -> Any:
+        from .chat.layout_render import render as layout_render
+
+        limit = self._options(options)["limit"]
+        if limit is not None:
+            size = request_size(request, limit)
+            if size > limit:
+                raise RequestError(f"the request is too large: at least {size:,} characters, more than "
+                                   f"max_chars={limit:,}")
+        return layout_render(self.layout, request, options)
+
+    def document(self, request: Any, **options: Any) -> Document:
+        raise self._not_yet("document (a markup tree)")
+
+    def render(self, request: Any, **options: Any) -> Rendered:
+        r = self._render(request, options)
+        end = self.layout.frame_close.items
+        first = next((i.token for i in end if hasattr(i, "token")), "")
+        return Rendered("".join(s.text for s in r.segments), r.segments, finder=(self._finder, first),
+                        dropped=r.dropped)
+
+    def normalize(self, request: Any, **options: Any) -> dict[str, Any]:
+        from .chat.layout_render import normal_form as layout_normal_form
+
+        self._render(request, dict(options))  # the same checks as render
+        self._options(options)
+        return layout_normal_form(self.layout, request, options)
+
+    def encode_request(self, request: Any, tokenizer: TokenizerLike, **options: Any) -> Encoded:
+        binding = self.bind(tokenizer)
+        r = self._render(request, options)
+        ids = binding.encode_segments(r.segments)
+        raw = r.request
+        tc = raw.get("tool_choice")
+        tools = raw.get("tools") or None
+        o = Options(thinking=False, effort="", tool_choice=tc if tc in ("none", "required") else None,
+                    response_format=raw.get("response_format"),
+                    add_generation_prompt=bool(r.options["add_generation_prompt"]), image_prompts=None,
+                    tools=list(tools) if isinstance(tools, list | tuple) else None)
+        return Encoded(ids, o, dict(tc) if isinstance(tc, Mapping) else None)
+
+    def encode_training(self, request: Any, tokenizer: TokenizerLike, *, train: Any = None,
+                        **options: Any) -> TrainingExample:
+        raise self._not_yet("training masks")
+
+    def bind(self, tokenizer: TokenizerLike) -> TokenBinding:  # type: ignore[override]
+        # Not a Binding: a layout format has tokens, not XTML markers; the
+        # gateway reads what both have (vocab, stop_ids, text_table, text_strs).
+        return layout_codec.bind(self.layout, self._vocab(tokenizer))
+
+    def _vocab(self, tokenizer: TokenizerLike) -> Vocabulary:
+        if isinstance(tokenizer, Vocabulary):
+            return tokenizer
+        if isinstance(tokenizer, str | os.PathLike):
+            return super()._vocab(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and type(backend).__module__.startswith("tokenizers"):
+            tokenizer = backend
+        try:
+            hit = self._copies.get(tokenizer)
+            weak = True
+        except TypeError:  # no weak reference to it: kept by id(), with the object
+            pinned = self._pinned.get(id(tokenizer))
+            hit = pinned[1:] if pinned is not None and pinned[0] is tokenizer else None
+            weak = False
+        if hit is not None:
+            return hit[1]
+        vocab = Vocabulary(tokenizer)
+        if weak:
+            self._copies[tokenizer] = ((), vocab)
+        else:
+            self._pinned.put(id(tokenizer), (tokenizer, (), vocab))
+        return vocab
+
+    def generation_prompt(self, *, thinking: bool | None = None) -> list[Segment]:
+        from .chat.layout_pattern import Builder
+
+        b = Builder()
+        self.layout.prompt.render({}, dict(self.layout.options), b)
+        return b.finish()
+
+    def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,  # type: ignore[override]
+               lenient: bool = True) -> layout_codec.LayoutStream:
+        return layout_codec.LayoutStream(self.layout, self.bind(tokenizer), keep=keep, lenient=lenient)
+
+    def conversation(self, tokenizer: TokenizerLike, messages: Sequence[Any] = (), *,
+                     max_chars: int | None = None, unknown_keys: str = "error", **options: Any) -> Conversation:
+        raise self._not_yet("conversation (incremental prompts)")
+
+    def completion_ids(self, text: str, tokenizer: TokenizerLike) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError("expected the completion's text")
+        check_size(text, self.max_chars)
+        return self.bind(tokenizer).text_ids(text, self._finder)
+
+    def completion_grammar(self, request: Any, tokenizer: TokenizerLike | None = None, *,
+                           format: str = "llguidance", **options: Any) -> str:
+        raise OptionError(f"the completion grammar (what tool_choice, response_format and parallel_tool_calls=false "
+                          f"need) is not yet available for the layout dialect {self.layout.name!r}",
+                          option="tool_choice")
+
+    def reasoning_tokens(self, ids: Sequence[int], tokenizer: TokenizerLike, *, thinking: bool | None = None) -> int:
+        return layout_codec.reasoning_length(self.layout, self.bind(tokenizer), ids)
+
+    def parse(
+        self,
+        data: Sequence[int] | str,
+        tokenizer: TokenizerLike | None = None,
+        *,
+        completion: bool = False,
+        lenient: bool = False,
+        thinking: bool | None = None,
+        max_chars: int | None = None,
+        prefill: Any = None,
+        repaired_calls: bool = False,
+    ) -> dict[str, Any]:
+        limit = self.max_chars if max_chars is None else max_chars
+        check_size(data, limit)
+        if prefill is not None:
+            raise self._not_yet("prefill (continue_final_message)")
+        binding = self.bind(tokenizer) if tokenizer is not None and not isinstance(data, str) else None
+        if binding is None and not isinstance(data, str):
+            raise ParseError("parsing token ids needs the tokenizer", offset=0)
+        return layout_codec.parse(self.layout, binding, data, completion=completion, lenient=lenient)

@@ -98,3 +98,43 @@ def started(tmp_path_factory: Any, name: str) -> Iterator[Engine]:
     e = Engine(tmp_path_factory.mktemp(name))
     yield e
     e.stop()
+
+
+REAL_STARTUP_S = 120.0
+
+
+def real_model_server(tmp_path_factory: Any, model: str, name: str) -> Iterator[str]:
+    """llama-server on the loopback address running a real model file with
+    its own chat template (``--jinja``), for a module (a fixture body:
+    ``yield from``); it must outlive every request the module sends."""
+    binary = need("llama-server", "tests/run (builds it once), or set XTML_LLAMA_SERVER", env="XTML_LLAMA_SERVER")
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path_factory.mktemp(name) / "llama-server.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [binary, "--model", model, "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "2048",
+             "--parallel", "1", "--threads", "2", "--no-webui", "--jinja"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + REAL_STARTUP_S
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"llama-server did not start; its log:\n{log_path.read_text()[-4000:]}")
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            yield url
+            # A crash in a decode kills the process: it must have survived
+            # every request of the module.
+            assert proc.poll() is None, f"llama-server died; its log:\n{log_path.read_text()[-4000:]}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)

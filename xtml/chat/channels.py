@@ -138,7 +138,7 @@ def _render_call(c: Call, k: int, index: int, s: RenderView) -> None:
             else:
                 try:
                     text = jsonfmt.value(value)
-                except (TypeError, ValueError, RecursionError) as e:
+                except (TypeError, ValueError) as e:
                     raise MessageError(f"argument {key!r} is not JSON: {e}", index=index,
                                        path=f"tool_calls[{k - 1}].function.arguments") from None
             sink.element(arg, ((key_, key), (type_, jsonfmt.value_type(value))), text)
@@ -275,7 +275,7 @@ def _read_argument(el: Element, path: str, r: ReadView) -> tuple[str, Any]:
         r.problem(el, f"argument {key!r} of type {typ} is not standard JSON ({e}): {shown(raw)}",
                   "bad-argument", path)
         return key, raw
-    except (json.JSONDecodeError, RecursionError):
+    except json.JSONDecodeError:
         r.problem(el, f"argument {key!r} of type {typ} is not JSON: {shown(raw)}", "bad-argument", path)
         return key, raw
     if not isinstance(value, want) or (typ == "number" and isinstance(value, bool)):
@@ -293,6 +293,6 @@ def _not_a_block(text: str) -> str:
         value = jsonfmt.loads(text)
     except jsonfmt.NotStandard:
         return "JSON that is not standard"
-    except (ValueError, RecursionError):
+    except ValueError:
         return ""
     return "" if type(value) is dict else "JSON that is not an object"

@@ -406,7 +406,7 @@ class Reader:
                 return jsonfmt.loads(text)
             except jsonfmt.NotStandard as e:
                 self.problem(el, f"the {what} in this system message is not standard JSON: {e}", "bad-json", path)
-            except (json.JSONDecodeError, RecursionError):
+            except json.JSONDecodeError:
                 self.problem(el, f"the {what} in this system message is not JSON", "bad-json", path)
             return None
 

@@ -16,8 +16,10 @@ from ..markup.sink import Attrs, MarkupSink, TreeSink
 from ..plugins.api import ContentExtension, Context, call_id, check_attributes
 from . import channels as chan
 from .dialect import Dialect
+from .json_values import deep_sort, json_compact
+from .options import Options
 from .prompt import write_prompt
-from .request import Msg, Options, Part, deep_sort, json_compact
+from .request import Msg, Part
 
 
 class _Guard:

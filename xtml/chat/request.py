@@ -6,12 +6,14 @@ messages. :func:`prepare` checks it against a dialect and resolves everything
 that rendering and the normal form both need: option defaults, role aliases,
 tool-result order and names, argument typing. Errors name the message index
 and the field.
+
+This module reads the messages into :class:`Msg`; the options are read by
+:mod:`.options`, the size and depth measured by :mod:`.request_size`, and
+JSON values written and checked by :mod:`.json_values`.
 """
 
 from __future__ import annotations
 
-import json
-import marshal
 import math
 import sys
 from collections.abc import Mapping
@@ -19,21 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError, shown
-from ..markup.markers import EMBED_BEGIN, EMBED_END, EMBED_INNER, EMBED_MARK, TEXT
-from ..markup.parse import lex_text
 from ..plugins import jsonfmt
 from ..plugins.api import ContentExtension
 from ..plugins.jsonfmt import value_type as value_type  # its former home
 from . import fields
 from .dialect import Dialect
-
-# The options rendering reads; every key a request body may carry, and what it
-# does, is in :data:`.fields.FIELDS`.
-OPTION_NAMES = fields.OPTIONS
-
-# Keys of a chat-completions body that concern sampling or the API, not the
-# prompt. They are accepted and have no effect on rendering.
-API_KEYS = frozenset(f.name for f in fields.FIELDS if f.effect == fields.IGNORED)
+from .json_values import is_map, json_compact, surrogate_in, surrogate_message
+from .options import OPTION_NAMES as OPTION_NAMES  # its former home
+from .options import Options as Options  # its former home
+from .options import check_tools, resolve_options
+from .request_size import MAX_CHARS as MAX_CHARS  # its former home
+from .request_size import Known, size_and_tools
+from .request_size import request_size as request_size  # its former home
 
 MESSAGE_KEYS = frozenset({
     "role", "content", "name", "reasoning_content", "reasoning", "thinking", "tool_calls", "tool_call_id",
@@ -130,99 +129,6 @@ _NO_CALLS: list[Call] = []
 _NO_IDS: dict[str, tuple[int, str]] = {}
 
 
-@dataclass(slots=True)
-class Options:
-    thinking: bool
-    effort: str
-    tool_choice: str | None
-    response_format: dict[str, Any] | None
-    add_generation_prompt: bool
-    image_prompts: list[str] | None
-    tools: list[Any] | None
-    tools_json: str = ""
-    """The tool list as the declaration writes it."""
-    continue_final: bool = False
-    """``continue_final_message``: the last message is left open."""
-
-
-def _is_map(x: object) -> bool:
-    # Plain dicts are what users pass; the ABC check is slow on a hot path.
-    return type(x) is dict or isinstance(x, Mapping)
-
-
-def deep_sort(obj: Any, where: str = "tools") -> Any:
-    """Dicts with keys sorted, recursively (how K3 serialises schemas)."""
-    if _is_map(obj):
-        try:
-            items = sorted(obj.items())
-        except TypeError:
-            raise RequestError("JSON object keys must be strings", location=where) from None
-        return {k: deep_sort(v, where) for k, v in items}
-    if isinstance(obj, list | tuple):
-        return [deep_sort(v, where) for v in obj]
-    return obj
-
-
-def check_json_keys(obj: Any, where: str) -> None:
-    """Refuse objects whose keys are not strings: JSON would turn them into
-    strings silently, and parse could not give them back."""
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if _is_map(x):
-            for k, v in x.items():
-                if not isinstance(k, str):
-                    raise RequestError(f"JSON object keys must be strings, not {shown(k)}", location=where)
-                stack.append(v)
-        elif isinstance(x, list | tuple):
-            stack.extend(x)
-
-
-def json_compact(value: Any, where: str, key: bytes | None = None) -> str:
-    """Compact JSON with every object's keys sorted, as K3 writes schemas
-    (``sort_keys`` sorts recursively, like :func:`deep_sort`, but in C).
-
-    Refuses what JSON would change silently (non-string keys): the text is
-    read back and compared, in C; only on a difference does the slow walk
-    look for the cause (tuples, say, differ harmlessly). ``key``: the
-    value's marshal bytes, when the caller has them already."""
-    # The same tool list arrives with every request of a conversation, as a
-    # new object. marshal writes plain built-in values only (anything else
-    # raises) and its bytes give the value back exactly, types and key order
-    # included, so equal bytes mean the same JSON: a key five times cheaper
-    # to make than the JSON itself.
-    if key is None:
-        try:
-            key = marshal.dumps(value)
-        except ValueError:
-            key = None
-    if key is not None:
-        text = _compact.get(key)
-        if text is not None:
-            return text
-    try:
-        text = jsonfmt.compact(value)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise RequestError(f"not JSON-serialisable: {e}", location=where) from None
-    if jsonfmt.lone_surrogate(text) >= 0:
-        bad = surrogate_in(value, where)
-        if bad is not None:
-            raise RequestError(bad[1], location=bad[0])
-    if json.loads(text) != value:
-        check_json_keys(value, where)
-    if key is not None and len(key) <= _COMPACT_MAX:
-        if len(_compact) >= 64:
-            _compact.clear()
-        _compact[key] = text
-    return text
-
-
-# The JSON of recent tool lists and schemas by their marshal bytes: at most
-# 64 of at most 256 kB each, so a server holds a few tens of MB at worst.
-_compact: dict[bytes, str] = {}
-_COMPACT_MAX = 256 << 10
-
-
 def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """Messages and options from a request body or a bare message list.
 
@@ -239,14 +145,14 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
                               f"not {shown(mode)}", option="unknown_keys")
         ignore = mode == "ignore"
         options = {k: v for k, v in options.items() if k != "unknown_keys"}
-    if type(request) is not dict and not isinstance(request, list | tuple) and not _is_map(request):
+    if type(request) is not dict and not isinstance(request, list | tuple) and not is_map(request):
         # A request model's defaults are not the caller's: only what was set.
         request = fields.dump(request, unset=True)
     opts: dict[str, Any]
     if isinstance(request, list | tuple):
         messages = list(request)
         opts = {}
-    elif _is_map(request):
+    elif is_map(request):
         if "messages" not in request:
             raise RequestError("a request needs 'messages' (or pass a bare list of messages)")
         messages = request["messages"]
@@ -260,177 +166,6 @@ def split_request(request: Any, options: Mapping[str, Any]) -> tuple[list[Any], 
     if options:
         opts.update(fields.keyword_options(options))
     return fields.messages_of(messages, ignore, KNOWN_MESSAGE_KEYS), opts
-
-
-# What a missing option reads as, told apart from an option given as None.
-_ABSENT: Any = object()
-
-
-def resolve_options(d: Dialect, opts: Mapping[str, Any], known: _Known | None = None) -> Options:
-    """The options of a request, checked; ``known``: a tool list and its
-    marshal bytes, if the caller has made them."""
-    thinking = d.thinking_default
-    # ``thinking`` wins over its alias, as in the reference encoder.
-    explicit: bool | None = None
-    for key in ("enable_thinking", "thinking"):
-        if opts.get(key) is not None:
-            v = opts[key]
-            if not isinstance(v, bool):
-                raise OptionError(f"{key} must be true or false", option=key)
-            thinking = explicit = v
-    effort = d.default_effort
-    re_ = opts.get("reasoning_effort")
-    te = opts.get("thinking_effort")
-    if isinstance(re_, str) and re_ in d.thinking_off:
-        if explicit is True and not d.off_wins:
-            raise OptionError(f"reasoning_effort={shown(re_)} switches thinking off, but thinking is on",
-                              option="reasoning_effort")
-        thinking = False
-    elif re_ is not None:
-        # thinking_effort wins; reasoning_effort is then not read at all.
-        if te is None:
-            effort = _effort(d, "reasoning_effort", re_)
-        # An effort asks for reasoning (as vLLM and SGLang read it), unless
-        # the request says otherwise.
-        if explicit is None:
-            thinking = True
-    if te is not None:
-        effort = _effort(d, "thinking_effort", te)
-    tc: Any = opts.get("tool_choice")
-    if _is_map(tc) and tc.get("type") == "function":
-        # A named tool is enforced by constrained decoding, not by the prompt:
-        # the format has no prose for it and renders nothing, like "auto".
-        tc = "auto"
-    if tc is not None and tc not in ("auto", "none", "required"):
-        raise OptionError(
-            "tool_choice must be 'auto', 'none', 'required' or a named function",
-            option="tool_choice",
-        )
-    rf_in = opts.get("response_format")
-    schema = opts.get("response_schema")
-    if schema is not None:
-        t = rf_in if isinstance(rf_in, str) else rf_in.get("type") if rf_in is not None and _is_map(rf_in) else None
-        if t != "json_schema":
-            raise OptionError("response_schema is the schema of a json_schema response format; give "
-                              "response_format {\"type\": \"json_schema\"} with it", option="response_schema")
-        rf_in = {"type": "json_schema", "json_schema": {"schema": schema}}
-    rf = _response_format(rf_in)
-    cont = opts.get("continue_final_message")
-    if cont is not None and not isinstance(cont, bool):
-        raise OptionError("continue_final_message must be true or false", option="continue_final_message")
-    # Absent, it opens the assistant's turn; None is false, as K3's
-    # reference encoder reads it (and Jinja, where transformers' default is
-    # false too). Every other option reads None as absent (docs/requests.md).
-    agp = opts.get("add_generation_prompt", _ABSENT)
-    if agp is not _ABSENT and agp is not None and not isinstance(agp, bool):
-        raise OptionError("add_generation_prompt must be true or false", option="add_generation_prompt")
-    if cont:
-        if agp is True:
-            raise OptionError("continue_final_message leaves the last message open for the model to continue; "
-                              "a generation prompt after it cannot be: drop add_generation_prompt=true",
-                              option="continue_final_message")
-        agp = False
-    else:
-        agp = agp is _ABSENT or agp is True
-    prompts = opts.get("image_prompts")
-    if prompts is not None:
-        if not d.image_part_types:
-            raise OptionError("this template has no images (its [plugins.image] is not enabled)",
-                              option="image_prompts")
-        if not isinstance(prompts, list | tuple):
-            raise OptionError("image_prompts must be a list of strings", option="image_prompts")
-        prompts = list(prompts)
-        for i, p in enumerate(prompts):
-            if not isinstance(p, str) or not d.image_prompt.match(p):
-                raise OptionError(f"image_prompts[{i}] is not an image prompt of this format: {shown(p)}",
-                                  option="image_prompts")
-            if jsonfmt.lone_surrogate(p) >= 0:
-                raise OptionError(f"image_prompts[{i}]: {_surrogate_message(p, jsonfmt.lone_surrogate(p))}",
-                                  option="image_prompts")
-            why = _not_one_embed(d, p)
-            if why:
-                raise OptionError(f"image_prompts[{i}] would not read back as one image: a prompt is one embed "
-                                  f"(from an embed-begin marker to an embed-end marker, or an embed mark) with "
-                                  f"nothing around it, and this one has {why}", option="image_prompts")
-    tools = opts.get("tools")
-    tools_json = ""
-    if tools is not None:
-        if not isinstance(tools, list | tuple):
-            raise OptionError("tools must be a list of tool schemas", option="tools")
-        tools = fields.tool_list(tools, "tools") if tools else None
-        if tools:
-            tools_json = json_compact(tools, "tools", known[1] if known is not None and known[0] is tools else None)
-            check_tools(tools, "tools")
-    return Options(thinking, effort, tc if tc in ("none", "required") else None, rf, agp, prompts, tools,
-                   tools_json, bool(cont))
-
-
-def _not_one_embed(d: Dialect, prompt: str) -> str:
-    """Why ``prompt`` is not one embed span and nothing else, or ``""``. A
-    prompt format may write text around its embed (a newline after the end
-    marker, say); read back, that text is a text part of the message, not
-    part of the image."""
-    lx = lex_text(prompt, d.markers)
-    kinds = lx.kinds
-    if kinds == [EMBED_MARK] or (len(kinds) >= 2 and kinds[0] == EMBED_BEGIN and kinds[-1] == EMBED_END
-                                 and all(k == TEXT or k == EMBED_INNER for k in kinds[1:-1])):
-        return ""
-    if kinds and kinds[0] == TEXT:
-        return f"text before its embed, {shown(lx.texts[0])}"
-    if kinds and kinds[-1] == TEXT:
-        return f"text after its embed, {shown(lx.texts[-1])}"
-    return "markers that do not make one embed"
-
-
-def check_tools(tools: list[Any], where: str, message: int | None = None) -> None:
-    """Refuse a tool list holding anything but tool schemas
-    (:func:`.fields.tool_problem`), at ``where[j]`` and the key in it: an
-    option's, or with ``message`` that message's field."""
-    for j, t in enumerate(tools):
-        bad = fields.tool_problem(t)
-        if bad is not None:
-            path = f"{where}[{j}]{bad[0]}"
-            if message is None:
-                raise OptionError(bad[1], option=path)
-            raise MessageError(bad[1], index=message, path=path)
-
-
-def _effort(d: Dialect, key: str, v: Any) -> str:
-    if isinstance(v, str) and v in d.efforts:
-        return v
-    extra = f" (or {', '.join(d.thinking_off)} to switch thinking off)" if key == "reasoning_effort" and \
-        d.thinking_off else ""
-    why = ""
-    if isinstance(v, str) and f"`{v}`" in d.system["thinking-effort"].body.source:
-        # The prose may name more efforts than the model takes (K3's names
-        # `medium`, which its reference encoder refuses).
-        why = (f": the thinking-effort message of {d.name} names {shown(v)}, but {d.name} accepts only "
-               f"{', '.join(d.efforts)}")
-    raise OptionError(f"{key} must be one of {', '.join(d.efforts)}{extra}, not {shown(v)}{why}", option=key)
-
-
-def _response_format(rf: Any) -> dict[str, Any] | None:
-    if rf is None:
-        return None
-    if isinstance(rf, str):
-        rf = {"type": rf}
-    if not _is_map(rf):
-        raise OptionError("response_format must be an object with a 'type'", option="response_format")
-    t = rf.get("type")
-    if t == "text":
-        return None
-    if t == "json_object":
-        return {"type": "json_object"}
-    if t == "json_schema":
-        js = rf.get("json_schema")
-        if not _is_map(js):
-            raise OptionError("response_format json_schema needs a 'json_schema' object",
-                              option="response_format")
-        schema = js.get("schema", js.get("json_schema", js))
-        json_compact(schema, "response_format")
-        return {"type": "json_schema", "json_schema": {"schema": schema}}
-    raise OptionError(f"response_format type must be text, json_object or json_schema, not {shown(t)}",
-                      option="response_format")
 
 
 def _arguments(raw: Any, i: int, j: int) -> tuple[list[tuple[str, Any]] | None, str | None]:
@@ -452,12 +187,12 @@ def _arguments(raw: Any, i: int, j: int) -> tuple[list[tuple[str, Any]] | None, 
         except jsonfmt.NotStandard as e:
             raise MessageError(f"tool call arguments are not standard JSON: {e}", index=i,
                                path=_args_path(j)) from None
-        except (ValueError, RecursionError):
+        except ValueError:
             return None, str.__str__(raw)  # plain str, even from a subclass
         if type(parsed) is not dict:
             raise MessageError("tool call arguments must be a JSON object", index=i, path=_args_path(j))
         return list(parsed.items()), None
-    if not _is_map(raw):
+    if not is_map(raw):
         raise MessageError("tool call arguments must be a dict or a JSON object string", index=i, path=_args_path(j))
     parsed = raw
     out: list[tuple[str, Any]] = []
@@ -478,53 +213,12 @@ def _args_path(j: int) -> str:
     return f"tool_calls[{j}].function.arguments"
 
 
-# -- lone surrogates -----------------------------------------------------------------
-# A str may hold a lone surrogate (JSON's "\udc00" decodes to one), which is
-# not text: UTF-8 cannot write it, the tokenizers library refuses it with a
-# TypeError and tiktoken replaces it with U+FFFD, silently. Every string the
-# render writes is checked where the request is read, so the error names it.
-
-
-def _surrogate_message(text: str, at: int) -> str:
-    return (f"U+{ord(text[at]):04X} at character {at:,} is a lone surrogate, not text: no tokenizer encodes it "
-            f"and UTF-8 cannot write it")
-
-
 def _text(text: str, i: int, path: str) -> None:
     """Refuse a string of message ``i`` that holds a lone surrogate."""
     if not text.isascii():
         at = jsonfmt.lone_surrogate(text)
         if at >= 0:
-            raise MessageError(_surrogate_message(text, at), index=i, path=path)
-
-
-def _key_path(path: str, key: str) -> str:
-    return f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"
-
-
-def surrogate_in(value: Any, path: str = "") -> tuple[str, str] | None:
-    """(path, message) of the first string, key or value, of a JSON-like
-    value that holds a lone surrogate, or None."""
-    stack: list[tuple[Any, str]] = [(value, path)]
-    while stack:
-        x, where = stack.pop()
-        if isinstance(x, str):
-            at = jsonfmt.lone_surrogate(x)
-            if at >= 0:
-                return where, _surrogate_message(x, at)
-        elif _is_map(x):
-            items = list(x.items())
-            for k, v in reversed(items):
-                if isinstance(k, str):
-                    at = jsonfmt.lone_surrogate(k)
-                    if at >= 0:
-                        return where, f"a key: {_surrogate_message(k, at)}"
-                    stack.append((v, _key_path(where, k)))
-                else:
-                    stack.append((v, f"{where}[{type(k).__name__}]"))
-        elif isinstance(x, list | tuple):
-            stack.extend((v, f"{where}[{n}]") for n, v in reversed(list(enumerate(x))))
-    return None
+            raise MessageError(surrogate_message(text, at), index=i, path=path)
 
 
 # Part types whose "text" is rendered as text (OpenAI's chat and responses APIs).
@@ -580,7 +274,7 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
         if isinstance(part, str):
             add_text(part, where)
             continue
-        if not _is_map(part):
+        if not is_map(part):
             raise MessageError("a content part must be an object", index=i, path=where)
         t = part.get("type")
         if t in TEXT_PART_TYPES:
@@ -606,89 +300,6 @@ def _content(d: Dialect, content: Any, i: int, split_marks: bool) -> list[Part]:
     return parts
 
 
-# The most a request may hold unless the caller says otherwise (the
-# ``max_chars`` keyword): characters of every string in it, keys included,
-# plus one per value. Rendering, tokenizing and parsing grow linearly with
-# this; the limit bounds what one request can cost.
-MAX_CHARS = 64 << 20
-
-
-def request_size(request: Any, limit: int) -> int:
-    """The size :data:`MAX_CHARS` counts, or a count past ``limit`` (the walk
-    stops at the first level that crosses it). Values nested deeper than
-    Python's recursion limit are left to :func:`prepare`, which refuses
-    them; so a value that contains itself is not walked forever."""
-    return _request_size(request, limit)[0]
-
-
-# A request's tool list and its marshal bytes, which the size check makes
-# and the tool declaration's JSON is found by: made once per request.
-_Known = tuple[Any, bytes]
-
-
-def _request_size(request: Any, limit: int) -> tuple[int, _Known | None]:
-    tools = request.get("tools") if type(request) is dict else None
-    if type(tools) is list and tools:
-        # The same tool list (deep JSON schemas, most of a short request's
-        # walk) comes with every request of a conversation: its size is kept
-        # by its marshal bytes, as json_compact keeps its JSON.
-        try:
-            key = marshal.dumps(tools)
-        except ValueError:
-            key = b""
-        size = _tool_sizes.get(key) if key else None
-        if size is None:
-            size = _walk_size(tools, limit)
-            if key and size <= limit and len(key) <= _COMPACT_MAX:
-                if len(_tool_sizes) >= 64:
-                    _tool_sizes.clear()
-                _tool_sizes[key] = size
-        known = (tools, key) if key else None
-        if size > limit:
-            return size, known
-        rest = {k: v for k, v in request.items() if k != "tools"}
-        return size + len("tools") + _walk_size(rest, limit - size), known
-    return _walk_size(request, limit), None
-
-
-_tool_sizes: dict[bytes, int] = {}
-
-
-_SCALARS = frozenset({int, float, bool, type(None)})
-
-
-def _walk_size(request: Any, limit: int) -> int:
-    # Level by level, so that a container's children are queued in C
-    # (``extend``): this runs on every request.
-    total = 0
-    level = [request]
-    for _ in range(sys.getrecursionlimit()):
-        total += len(level)
-        nxt: list[Any] = []
-        extend = nxt.extend
-        for x in level:
-            t = type(x)
-            if t is str:
-                total += len(x)
-            elif t is dict or (t is not list and t is not tuple and isinstance(x, Mapping)):
-                try:
-                    total += sum(map(len, x))
-                except TypeError:  # a key that is not a string
-                    total += sum(len(k) for k in x if isinstance(k, str))
-                extend(x.values())
-            elif t is list or t is tuple or isinstance(x, list | tuple):
-                extend(x)
-            elif isinstance(x, str):
-                total += len(x)
-            elif t not in _SCALARS and callable(getattr(x, "model_dump", None)):
-                # A request or message model counts as what it renders from.
-                extend((fields.dump(x),))
-        if total > limit or not nxt:
-            break
-        level = nxt
-    return total
-
-
 def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Options, list[Msg]]:
     """Check a request and resolve it into messages ready to render.
 
@@ -697,24 +308,19 @@ def prepare(d: Dialect, request: Any, options: Mapping[str, Any]) -> tuple[Optio
     limit = options.get("max_chars", MAX_CHARS)
     if "max_chars" in options:
         options = {k: v for k, v in options.items() if k != "max_chars"}
-    known = None
-    if limit is not None:
-        if type(limit) is not int or limit < 0:
-            raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
-        size, known = _request_size(request, limit)
-        if size > limit:
-            raise RequestError(f"the request is too large: at least {size:,} characters, more than "
-                               f"max_chars={limit:,}")
-    try:
-        return _prepare(d, request, options, known)
-    except RecursionError:
-        # Only a pathologically nested request gets here (JSON values deeper
-        # than Python's recursion limit).
-        raise RequestError("the request is nested too deeply") from None
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
+    # The walk that counts the size measures the depth too: it runs without
+    # a limit as well, and nothing after it recurses past MAX_DEPTH levels.
+    size, known = size_and_tools(request, sys.maxsize if limit is None else limit)
+    if limit is not None and size > limit:
+        raise RequestError(f"the request is too large: at least {size:,} characters, more than "
+                           f"max_chars={limit:,}")
+    return _prepare(d, request, options, known)
 
 
 def _prepare(d: Dialect, request: Any, options: Mapping[str, Any],
-             known: _Known | None = None) -> tuple[Options, list[Msg]]:
+             known: Known | None = None) -> tuple[Options, list[Msg]]:
     raw_messages, opts = split_request(request, options)
     o = resolve_options(d, opts, known)
     split_marks = o.image_prompts is not None
@@ -726,7 +332,7 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any],
     # (plain dicts, string content) are tested inline before the general
     # paths.
     for i, m in enumerate(raw_messages):
-        if type(m) is not dict and not _is_map(m):
+        if type(m) is not dict and not is_map(m):
             raise MessageError(f"a message must be an object, not {type(m).__name__}", index=i)
         role = m.get("role")
         if not isinstance(role, str):
@@ -779,10 +385,10 @@ def _prepare(d: Dialect, request: Any, options: Mapping[str, Any],
             if calls:
                 msg.calls = []
             for j, c in enumerate(calls):
-                if type(c) is not dict and not _is_map(c):
+                if type(c) is not dict and not is_map(c):
                     raise MessageError("a tool call must be an object", index=i, path=f"tool_calls[{j}]")
                 fn = c.get("function", c)
-                if type(fn) is not dict and not _is_map(fn):
+                if type(fn) is not dict and not is_map(fn):
                     raise MessageError("function must be an object", index=i, path=f"tool_calls[{j}].function")
                 fname = fn.get("name")
                 if not isinstance(fname, str) or not fname:

@@ -15,10 +15,11 @@ import json
 import re
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import TemplateError, line_column
 from ..markup.header import is_name
@@ -48,6 +49,7 @@ SYSTEM_KEYS = ("tool-declare", "tool-declare-dynamic", "thinking-effort", "tool-
 _MARKER_KEYS = ("open", "close", "sep", "end", "embed_begin", "embed_inner", "embed_end", "embed_mark",
                 "optional", "stop")
 _NEVER = re.compile("(?!)")
+_D = TypeVar("_D")
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,7 +494,9 @@ def _training(c: _Check, data: dict[str, Any], efforts: tuple[str, ...], names: 
 def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
     c.keys(data, SECTIONS, "")
     tpl = c.table(data, "template", "")
-    c.keys(tpl, ("name", "description"), "template")
+    c.keys(tpl, ("name", "description", "engine"), "template")
+    if tpl.get("engine", "xtml") != "xtml":
+        c.add("engine must be \"xtml\" or \"layout\"", "template.engine")
     name = c.section(lambda c: c.value(tpl, "name", str, "template"))
     description = c.section(lambda c: c.value(tpl, "description", str, "template", default=""))
     markers = c.section(_markers, data)
@@ -528,13 +532,30 @@ def _build(c: _Check, data: dict[str, Any], path: str) -> Dialect | None:
     )
 
 
+def is_layout(data: Any) -> bool:
+    """Whether parsed TOML is a layout dialect (``[template] engine = "layout"``)."""
+    tpl = data.get("template") if isinstance(data, dict) else None
+    return isinstance(tpl, dict) and tpl.get("engine") == "layout"
+
+
 def check(data: Any, path: str = "") -> tuple[Dialect | None, list[Problem]]:
-    """The dialect of parsed TOML and every problem found in it."""
+    """The XTML dialect of parsed TOML and every problem found in it."""
+    if is_layout(data):
+        return None, [Problem("this is a layout dialect (engine = \"layout\"), not an XTML one: load it with "
+                              "xtml.load", "template.engine")]
+    return run_checks(data, path, _build)
+
+
+def run_checks(data: Any, path: str, build: Callable[[_Check, dict[str, Any], str], _D | None]) -> tuple[
+        _D | None, list[Problem]]:
+    """The dialect ``build`` makes of parsed TOML (its problems added to the
+    checker it is given) and every problem found in it."""
     c = _Check()
     if not isinstance(data, dict):
         return None, [Problem("a template is a table of sections", "")]
+    d: _D | None
     try:
-        d = _build(c, data, path)
+        d = build(c, data, path)
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as e:
         # A value of a shape the checks above did not foresee.
         c.add(f"invalid template: {type(e).__name__}: {_clip(str(e))}", "")
@@ -552,10 +573,10 @@ def _clip(text: str, limit: int = 4 * QUOTE_LIMIT) -> str:
 
 def from_dict(data: dict[str, Any], path: str) -> Dialect:
     """Build and check a dialect from parsed TOML; the first problem raises."""
-    return _first_or(*check(data, path), path)
+    return first_or(*check(data, path), path)
 
 
-def _first_or(d: Dialect | None, problems: list[Problem], file: str) -> Dialect:
+def first_or(d: _D | None, problems: list[Problem], file: str) -> _D:
     """The dialect, or its first problem raised."""
     if d is None:
         p = problems[0]
@@ -565,30 +586,38 @@ def _first_or(d: Dialect | None, problems: list[Problem], file: str) -> Dialect:
 
 
 BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml", "xtml-base": "xtml-base.toml"}
+"""The built-in XTML dialects."""
+LAYOUT_BUILTIN = {"smollm2": "smollm2.toml", "qwen3": "qwen3.toml"}
+"""The built-in layout dialects (other model families' formats): loaded by
+name as the XTML ones are, listed apart while the edges that walk every
+built-in (the playground, the adversarial strategies) read XTML only."""
 
 
-def builtin_files() -> dict[str, Path]:
-    """Built-in dialect names (aliases included) and their files."""
+def builtin_files(*, layout: bool = False) -> dict[str, Path]:
+    """Built-in dialect names (aliases included) and their files: the XTML
+    ones, or with ``layout`` the layout ones."""
     root = resources.files("xtml.dialects")
-    return {name: Path(str(root.joinpath(file))) for name, file in BUILTIN.items()}
+    return {name: Path(str(root.joinpath(file))) for name, file in (LAYOUT_BUILTIN if layout else BUILTIN).items()}
 
 
 def read_template(name_or_path: str | Path) -> tuple[str, str]:
     """The text of a built-in dialect or a template file, and the name to
     report it by."""
     key = str(name_or_path)
-    if key in BUILTIN:
-        return resources.files("xtml.dialects").joinpath(BUILTIN[key]).read_text(encoding="utf-8"), BUILTIN[key]
+    file = BUILTIN.get(key) or LAYOUT_BUILTIN.get(key)
+    if file is not None:
+        return resources.files("xtml.dialects").joinpath(file).read_text(encoding="utf-8"), file
     p = Path(key)
     if not p.is_file():
         if p.is_dir():
             raise TemplateError(f"{excerpt(key)} is a folder: name a template file (.toml) or a built-in "
-                                f"({', '.join(sorted(set(BUILTIN)))})")
+                                f"({', '.join(sorted({*BUILTIN, *LAYOUT_BUILTIN}))})")
         if p.exists():
             raise TemplateError(f"{excerpt(key)} is not a regular file (a device, a pipe or a socket): name a "
                                 "template file (.toml)")
         raise TemplateError(
-            f"no template named {excerpt(key)} (built-in: {', '.join(sorted(set(BUILTIN)))}) and no such file"
+            f"no template named {excerpt(key)} (built-in: {', '.join(sorted({*BUILTIN, *LAYOUT_BUILTIN}))}) and no "
+            "such file"
         )
     try:
         return p.read_text(encoding="utf-8"), key
@@ -718,6 +747,13 @@ def _long_integer_at(text: str) -> tuple[int | None, int | None]:
 
 def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
     """Parse and check template text; problems carry line and column."""
+    return check_toml(text, where, check)
+
+
+def check_toml(text: str, where: str, check_data: Callable[[Any, str], tuple[_D | None, list[Problem]]]) -> tuple[
+        _D | None, list[Problem]]:
+    """Parse template text within the bounds of a template file and check
+    it with ``check_data``; problems carry line and column."""
     if len(text) > MAX_TEMPLATE_BYTES:
         return None, [Problem(f"the template is {len(text):,} characters long, more than {MAX_TEMPLATE_BYTES:,}",
                               "")]
@@ -743,7 +779,7 @@ def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
         line, col = _long_integer_at(text)
         return None, [Problem(f"invalid TOML: an integer has more than {sys.get_int_max_str_digits():,} digits, "
                               "more than Python reads", "", "", line, col)]
-    d, problems = check(data, where)
+    d, problems = check_data(data, where)
     index = KeyIndex(text) if any(p.key for p in problems) else None
     located = []
     for p in problems:
@@ -753,6 +789,6 @@ def check_text(text: str, where: str) -> tuple[Dialect | None, list[Problem]]:
 
 
 def load_dialect(name_or_path: str | Path) -> Dialect:
-    """A built-in dialect by name, or a dialect file by path."""
+    """A built-in XTML dialect by name, or an XTML dialect file by path."""
     text, where = read_template(name_or_path)
-    return _first_or(*check_text(text, where), where)
+    return first_or(*check_text(text, where), where)

@@ -7,13 +7,31 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import XtmlError
+from ..errors import CallerError
 from ..plugins.jsonfmt import BadInput, input_json
+from ..template import LayoutTemplate, Template
 
 
-class InputError(XtmlError):
+class InputError(CallerError):
     """An input file (or standard input) that cannot be read as what the
     command expects."""
+
+
+def added_tokens(tpl: Template) -> tuple[str, ...]:
+    """What ``--add-markers`` adds to a tokenizer as special tokens: an XTML
+    template's markers, or the tokens a layout dialect declares (its special
+    and added ones)."""
+    if isinstance(tpl, LayoutTemplate):
+        return tpl.layout.tokens
+    return tpl.markers.all()
+
+
+def refuse_layout(tpl: Template, what: str) -> None:
+    """Refuse, in one line at the template's file, what layout dialects do
+    not have yet."""
+    if isinstance(tpl, LayoutTemplate):
+        raise InputError(f"{what} is not yet available for layout dialects ({tpl.name!r} is one)",
+                         location=tpl.path or tpl.name)
 
 
 def read_input(path: str) -> str:
@@ -79,7 +97,7 @@ def at_least(minimum: int, most: int | None = None, why: str = "") -> Callable[[
     return convert
 
 
-class MissingExtra(XtmlError):
+class MissingExtra(CallerError):
     """A command whose optional dependencies are not installed."""
 
 

@@ -13,7 +13,7 @@ from ..codec.completion import FORMATS, MAX_CALLS
 from ..exports.jinja import jinja_template
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, InputError, at_least, boolean, json_input, read_input
+from .common import TOKENIZER_HELP, InputError, added_tokens, at_least, boolean, json_input, read_input, refuse_layout
 from .output import UsageError
 
 COMMANDS = ("export",)
@@ -124,13 +124,16 @@ def _request(path: str) -> Any:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml export``; returns the exit status."""
     if args.what == "jinja":
-        out.write(jinja_template(load(args.template).dialect))
+        jinja = load(args.template)
+        refuse_layout(jinja, "xtml export jinja")
+        out.write(jinja_template(jinja.dialect))
         return 0
     if args.what == "hf":
         from ..exports.hf import FILES, export_hf
 
         template = load(args.template)
-        loaded = load_tokenizer(args.tokenizer, add_special_tokens=template.markers.all() if args.add_markers else ())
+        refuse_layout(template, "xtml export hf (its chat template is the Jinja export)")
+        loaded = load_tokenizer(args.tokenizer, add_special_tokens=added_tokens(template) if args.add_markers else ())
         folder = export_hf(template, loaded, args.folder, force=args.force)
         out.write(f"wrote {', '.join(FILES)} to {folder}\n")
         return 0
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     request = _request(args.file)
     vocab = None
     if args.tokenizer:
-        vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
+        vocab = load_tokenizer(args.tokenizer, add_special_tokens=added_tokens(tpl) if args.add_markers else ())
     options: dict[str, Any] = {}
     if args.thinking is not None:
         options["thinking"] = args.thinking

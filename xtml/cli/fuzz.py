@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from ..errors import XtmlError
 from ..template import Template, TokenizerLike, load
-from .common import extra_missing
+from .common import extra_missing, refuse_layout
 
 __all__ = ["run"]
 
@@ -129,6 +129,7 @@ def run(
         return 2
     try:
         tpl = template if isinstance(template, Template) else load(template)
+        refuse_layout(tpl, "xtml fuzz")
         if tokenizer is None:
             from ..vocab.vocabulary import byte_vocabulary
 

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from ..template import Template
+from ..chat.layout_pattern import Tok
+from ..markup.segments import Segment
+from ..template import LayoutTemplate, Template
 
 __all__ = ["Token", "tokens", "write"]
 
@@ -35,6 +37,8 @@ def tokens(template: Template, request: Any, tokenizer: Any, **options: Any) -> 
     """Every token of a rendered request with its message and element path.
     The ids are those of :meth:`Template.encode`: each segment encodes on its
     own, so encoding segment by segment gives the same ids, attributed."""
+    if isinstance(template, LayoutTemplate):
+        return _layout_tokens(template, request, tokenizer, **options)
     b = template.bind(tokenizer)
     out: list[Token] = []
     for ids, message, path in b.attributed(template.document(request, **options)):
@@ -43,7 +47,46 @@ def tokens(template: Template, request: Any, tokenizer: Any, **options: Any) -> 
     return out
 
 
+def _layout_tokens(template: LayoutTemplate, request: Any, tokenizer: Any, **options: Any) -> list[Token]:
+    """:func:`tokens` of a layout dialect, whose render has no elements: a
+    message starts at each token that opens a frame, and its path is its
+    role, read from the role text its frame writes. Each token and each run
+    of text between tokens is encoded on its own, as :meth:`Template.encode`
+    encodes them, so the ids are the same."""
+    b = template.bind(tokenizer)
+    d = template.layout
+    opens = {p.items[0].token for p in (d.frame_open, *(f.open for f in d.role_frames.values()))
+             if p.items and isinstance(p.items[0], Tok)}
+    texts = sorted(((r.text, r.name) for r in d.roles.values()), key=lambda x: -len(x[0]))
+    groups: list[list[Segment]] = []
+    for s in template.render(request, **options).segments:
+        token = s.special and s.text in b.token_ids
+        if token or not groups or (groups[-1][0].special and groups[-1][0].text in b.token_ids):
+            groups.append([s])
+        else:
+            groups[-1].append(s)
+    out: list[Token] = []
+    message, start, role, opened = 0, 0, "", False
+    for g in groups:
+        token = g[0].special and g[0].text in b.token_ids
+        if token and g[0].text in opens:
+            if out:
+                message, start = message + 1, len(out)
+            role, opened = "?", True
+        elif not token and opened:
+            text = "".join(s.text for s in g)
+            role = next((name for spelled, name in texts if text.startswith(spelled)), "?")
+            opened = False
+            for before in out[start:]:
+                object.__setattr__(before, "path", (role,))
+        for t in b.encode_segments(g):
+            out.append(Token(len(out), t, b.vocab.decode([t]), token, message, (role,)))
+    return out
+
+
 def _summary(template: Template, toks: Sequence[Token]) -> tuple[str, dict[str, int]]:
+    if isinstance(template, LayoutTemplate):
+        return "message", {}
     n = template.dialect.names
     channels = set(template.dialect.channels())
     counts: dict[str, int] = {}
@@ -87,6 +130,8 @@ def write(out: TextIO, template: Template, toks: Sequence[Token], *, colour: boo
 def _roles(template: Template, toks: Sequence[Token]) -> dict[int, str]:
     """Role (and internal type) of each message, read from its open tag."""
     doc_roles: dict[int, str] = {}
+    if isinstance(template, LayoutTemplate):
+        return {t.message: t.path[0] for t in toks if t.path}
     n = template.dialect.names
     text: dict[int, list[str]] = {}
     for t in toks:

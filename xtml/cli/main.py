@@ -16,12 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from .. import __version__
+from ..chat.layout_pattern import Tok
 from ..errors import ParseError, XtmlError
-from ..template import Rendered, Template, load
+from ..template import LayoutTemplate, Rendered, Template, load
 from ..vocab.load import load_tokenizer
 from ..vocab.vocabulary import Vocabulary
 from . import dataset, export, playground, serve
-from .common import TOKENIZER_HELP, at_least, boolean, json_input, read_input, require
+from .common import TOKENIZER_HELP, added_tokens, at_least, boolean, json_input, read_input, require
 from .output import Output, UsageError
 
 EPILOG_RENDER = """examples:
@@ -103,7 +104,7 @@ _UsageError = UsageError
 def _tokenizer(args: argparse.Namespace, tpl: Template) -> Vocabulary:
     if not args.tokenizer:
         raise _UsageError("this needs --tokenizer PATH (a tokenizer.json, a tiktoken file, or a model folder)")
-    extra = tpl.markers.all() if args.add_markers else ()
+    extra = added_tokens(tpl) if args.add_markers else ()
     return load_tokenizer(args.tokenizer, add_special_tokens=extra)
 
 
@@ -260,19 +261,33 @@ def _render(args: argparse.Namespace, out: TextIO) -> None:
     if args.format == "text":
         rendered = tpl.render(request, **options)
         _warn_ambiguous(tpl, request, options, rendered)
+        _warn_dropped(rendered)
         out.write(rendered.text + "\n")
     elif args.format == "segments":
-        segs = tpl.render(request, **options).segments
-        out.write(json.dumps([[s.text, s.special] for s in segs], ensure_ascii=False) + "\n")
+        rendered = tpl.render(request, **options)
+        _warn_dropped(rendered)
+        out.write(json.dumps([[s.text, s.special] for s in rendered.segments], ensure_ascii=False) + "\n")
     else:
         vocab = _tokenizer(args, tpl)
         ids = tpl.encode(request, vocab, **options)
+        if isinstance(tpl, LayoutTemplate):
+            _warn_dropped(tpl.render(request, **options))
         if args.format == "ids":
             out.write(json.dumps(ids) + "\n")
         else:
             # For programs (cut, awk, a diff of two renders): the token and its
             # piece, one per line. `xtml inspect` is the view for people.
             out.writelines(f"{t}\t{json.dumps(vocab.decode([t]), ensure_ascii=False)}\n" for t in ids)
+
+
+def _warn_dropped(rendered: Rendered) -> None:
+    """Say what the request held that a layout dialect's format does not
+    write (its declared drops): never silent, in one line."""
+    if rendered.dropped:
+        what = ", ".join(dict.fromkeys(d.field if d.message < 0 else f"messages[{d.message}].{d.field}"
+                                       for d in rendered.dropped))
+        print(f"xtml: warning: the format does not write {what}: left out, as its own template leaves them out",
+              file=sys.stderr)
 
 
 def _warn_ambiguous(tpl: Template, request: Any, options: dict[str, Any], rendered: Rendered) -> None:
@@ -347,20 +362,24 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _templates(args: argparse.Namespace, out: TextIO) -> None:
-    from ..chat.template_file import BUILTIN, builtin_files
+    from ..chat.template_file import BUILTIN, LAYOUT_BUILTIN, builtin_files
 
-    files = builtin_files()
-    aliases: dict[str, list[str]] = {}
-    for name, file in BUILTIN.items():
-        aliases.setdefault(file, []).append(name)
-    rows = [{"name": names[0], "aliases": names[1:], "description": load(names[0]).dialect.description,
-             "path": str(files[names[0]])} for names in aliases.values()]
+    rows = []
+    for engine, table, files in (("xtml", BUILTIN, builtin_files()),
+                                 ("layout", LAYOUT_BUILTIN, builtin_files(layout=True))):
+        aliases: dict[str, list[str]] = {}
+        for name, file in table.items():
+            aliases.setdefault(file, []).append(name)
+        rows += [{"name": names[0], "aliases": names[1:], "engine": engine,
+                  "description": load(names[0]).dialect.description, "path": str(files[names[0]])}
+                 for names in aliases.values()]
     if args.format == "json":
         out.write(json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
         return
     for r in rows:
         also = f" (also: {', '.join(r['aliases'])})" if r["aliases"] else ""
-        out.write(f"{r['name']}{also}\n  {r['description']}\n  {r['path']}\n")
+        kind = " (layout dialect)" if r["engine"] == "layout" else ""
+        out.write(f"{r['name']}{also}{kind}\n  {r['description']}\n  {r['path']}\n")
     from ..plugins import broken, installed
 
     out.write(f"installed plugins: {', '.join(sorted(installed()))}\n")
@@ -432,6 +451,15 @@ def _looks_like_completion(tpl: Template, data: Any, vocab: Vocabulary | None) -
     """Whether the input starts otherwise than a document does (with an open
     tag): text or a close tag, as a completion starts inside the prompt's
     channel."""
+    if isinstance(tpl, LayoutTemplate):
+        # A prompt of a layout dialect starts with its frame's first token.
+        first = tpl.layout.frame_open.items[0] if tpl.layout.frame_open.items else None
+        opening = first.token if isinstance(first, Tok) else ""
+        if isinstance(data, str):
+            return bool(data.strip()) and bool(opening) and not data.lstrip().startswith(opening)
+        if not data or vocab is None or not 0 <= data[0] < vocab.size:
+            return False
+        return bool(data[0] != tpl.bind(vocab).token_ids.get(opening))
     if isinstance(data, str):
         return bool(data.strip()) and not data.lstrip().startswith(tpl.markers.open)
     if not data or vocab is None or not 0 <= data[0] < vocab.size:

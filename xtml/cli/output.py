@@ -22,7 +22,7 @@ import sys
 import tempfile
 from typing import TextIO
 
-from ..errors import XtmlError
+from ..errors import CallerError
 
 __all__ = ["Output", "OutputError", "UsageError"]
 
@@ -31,7 +31,7 @@ class UsageError(Exception):
     """A command line that cannot work as given (exit status 2)."""
 
 
-class OutputError(XtmlError):
+class OutputError(CallerError):
     """An output that cannot be written (exit status 1)."""
 
 

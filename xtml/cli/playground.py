@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, require
+from .common import TOKENIZER_HELP, added_tokens, refuse_layout, require
 from .output import UsageError
 from .serve import SERVE_MODULES, port_number, serve_app
 
@@ -73,9 +73,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(f"{'--api-key' if args.api_key is not None else API_KEY_ENV}: {e}") from None
 
     tpl = load(args.template)  # a bad template file is one line, before anything listens
+    refuse_layout(tpl, "xtml playground")
     vocab = None
     if args.tokenizer:
-        vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
+        vocab = load_tokenizer(args.tokenizer, add_special_tokens=added_tokens(tpl) if args.add_markers else ())
         tpl.bind(vocab)
     name = None
     if args.tokenizer:

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..errors import XtmlError
+from ..errors import CallerError
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, extra_missing, require
+from .common import TOKENIZER_HELP, added_tokens, extra_missing, require
 from .output import UsageError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ built with llguidance). docs/serving.md has the details.
 """
 
 
-class ServeError(XtmlError):
+class ServeError(CallerError):
     """What keeps the gateway from starting."""
 
 
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             where = "--api-key" if args.api_key is not None else API_KEY_ENV
             raise UsageError(f"{where}: {e}") from None
     tpl = load(args.template)
-    vocab = load_tokenizer(args.tokenizer, add_special_tokens=tpl.markers.all() if args.add_markers else ())
+    vocab = load_tokenizer(args.tokenizer, add_special_tokens=added_tokens(tpl) if args.add_markers else ())
     # Markers that do not fit the tokenizer are found now, not at the first request.
     tpl.bind(vocab)
     app = create_app(tpl, vocab, args.backend, kind=args.backend_kind, backend_model=args.backend_model,

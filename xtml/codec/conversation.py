@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -42,9 +43,11 @@ from typing import Any
 
 from ..chat import fields
 from ..chat.dialect import Dialect
+from ..chat.options import Options, resolve_options
 from ..chat.render import RenderState, final_message, message_renderer, render_head, render_tail
-from ..chat.request import KNOWN_MESSAGE_KEYS, MAX_CHARS, Msg, Options, prepare, request_size, resolve_options
-from ..errors import MessageError, OptionError, RequestError
+from ..chat.request import KNOWN_MESSAGE_KEYS, Msg, prepare
+from ..chat.request_size import MAX_CHARS, request_size
+from ..errors import MAX_DEPTH, MessageError, OptionError, RequestError
 from ..markup.sink import Attrs
 from ..plugins.api import call_id
 from ..vocab.binding import Binding
@@ -379,11 +382,11 @@ class Conversation:
         if bad:
             raise OptionError(f"{bad[0]} applies to one prompt: pass it to prompt_ids()", option=bad[0])
         # Copies, as of messages: a tool list the caller changes later must
-        # not change what request() shows but the ids do not hold.
-        try:
-            return {k: _copy(v) for k, v in opts.items()}
-        except RecursionError:
-            raise RequestError("the request is nested too deeply") from None
+        # not change what request() shows but the ids do not hold. The copy
+        # recurses per level: the depth encode allows is checked first.
+        for k, v in opts.items():
+            request_size(v, sys.maxsize, levels=MAX_DEPTH - 1, at=(k,))
+        return {k: _copy(v) for k, v in opts.items()}
 
     def _normalized(self, messages: Iterable[Any], start: int) -> list[Any]:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
@@ -397,6 +400,9 @@ class Conversation:
         for i, m in enumerate(out):
             if not isinstance(m, Mapping):
                 raise MessageError(f"a message must be an object, not {type(m).__name__}", index=start + i)
+            # As deep as encode allows a message in its request, before
+            # anything (the copy) recurses per level.
+            request_size(m, sys.maxsize, levels=MAX_DEPTH - 2, at=("messages", start + i))
         return out
 
     def _options_size(self, opts: Mapping[str, Any]) -> int:
@@ -630,7 +636,4 @@ def _copy(x: Any) -> Any:
 
 
 def _copy_all(messages: list[Any]) -> list[Any]:
-    try:
-        return [_copy(m) for m in messages]
-    except RecursionError:
-        raise RequestError("the request is nested too deeply") from None
+    return [_copy(m) for m in messages]

@@ -19,17 +19,18 @@ one node per text run and tag, so its cost follows the number of tags, not
 the length of the text.
 
 Lenient by default: nothing the model writes makes it raise.
+
+The events it returns are :mod:`.stream_events`, its states
+:mod:`.stream_states`; the text between two markers is decoded by
+:class:`~.text_run.TextRun`.
 """
 
 from __future__ import annotations
 
-import re
 from codecs import utf_8_decode as _utf8
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, ClassVar
+from typing import Any
 
 from ..chat.channels import read_call
 from ..chat.dialect import Dialect
@@ -41,67 +42,11 @@ from ..markup.nodes import Diagnostic, Document, Element, Embed, Node, Text
 from ..markup.parse import Lexemes, TreeBuilder
 from ..vocab.binding import Binding, split_text_marks
 from ..vocab.ids import as_id, bad_id
-from ..vocab.vocabulary import Vocabulary
+from .stream_events import Sink, StreamEvent
+from .stream_states import Ended, Failed, Phase, Reading, Ready, Refused, StreamState
+from .text_run import CHUNK, TextRun, byte_fallback_ids
 
 __all__ = ["StreamEvent", "StreamParser", "StreamState"]
-
-# A run's text is gathered in pieces and joined into chunks of this many, so
-# that ending a long run joins a few chunks rather than one piece per token.
-_CHUNK = 1024
-
-
-@dataclass(slots=True)
-class StreamEvent:
-    """One thing a token completed.
-
-    ``type`` is one of ``message_start``, ``channel_start``, ``text``, ``channel_end``,
-    ``tool_call_start``, ``argument_start``, ``argument_delta``,
-    ``argument_end``, ``tool_call_end``, ``message_end``, ``diagnostic``.
-    """
-
-    type: str
-    offset: int
-    """Token offset (from the start of the completion) of the token that
-    completed the event."""
-    channel: str | None = None
-    """For channel and text events: ``think``, ``response`` or ``tools``."""
-    text: str | None = None
-    """For ``text`` and ``argument_delta``: the new characters."""
-    index: int | None = None
-    """For tool-call events: the call's position in ``tool_calls`` (1-based)."""
-    name: str | None = None
-    """For ``tool_call_start``: the tool name."""
-    key: str | None = None
-    """For argument events: the argument name (None for a json block)."""
-    value_type: str | None = None
-    """For ``argument_start``: the declared type (``json`` for a json block)."""
-    call: dict[str, Any] | None = None
-    """For ``tool_call_end``: the whole call, as in ``tool_calls``."""
-    message: dict[str, Any] | None = None
-    """For ``message_end``: the whole message, as the batch parser gives it."""
-    stop_reason: str | None = None
-    """For ``message_end``: ``stop``, ``tool_calls`` or ``length`` (cut off)."""
-    diagnostic: dict[str, Any] | None = field(default=None)
-    """For ``diagnostic``: kind, offset, message."""
-    role: str | None = None
-    """For ``message_start``: the role."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Sink:
-    """Where characters go: a channel's text or a call's argument."""
-
-    type: str
-    channel: str | None = None
-    """Set for a channel's text only, whose type is then ``text`` (feed's
-    short path goes by it)."""
-    index: int | None = None
-    key: str | None = None
-
-    def event(self, at: int, text: str) -> StreamEvent:
-        # Positional: this is made for every token of text.
-        return StreamEvent(self.type, at, self.channel, text, self.index, None, self.key)
-
 
 class _Open:
     """An open element of the tree builder, as the stream reads it."""
@@ -117,9 +62,9 @@ class _Open:
         """What it is to the message: ``message``, a channel by what it holds
         (``reasoning``, ``content``, ``tool_calls``), ``call``, ``argument``,
         ``hoisted`` (a channel another was opened inside), or nothing."""
-        self.text: _Sink | None = None
+        self.text: Sink | None = None
         """Where its body text goes."""
-        self.embed: _Sink | None = None
+        self.embed: Sink | None = None
         """Where the text form of an embed in it goes (an embed in a response
         is an image part, not text; in reasoning or an argument it is text)."""
         self.index = 0
@@ -127,123 +72,9 @@ class _Open:
         self.calls = 0
 
 
-class StreamState(Enum):
-    """Where a :class:`StreamParser` is (its ``state``).
-
-    READY → READING at the first token (or ``close``); READING → REFUSED when
-    the tree builder refuses the input; READING or REFUSED → ENDED at the end
-    marker or ``close``; any of them → FAILED when a strict stream raises.
-    """
-
-    READY = "ready"
-    """Nothing fed yet: ``message_start`` and the events of the generation
-    prompt go out with the first token."""
-    READING = "reading"
-    """The message is open: markers step the tree builder, text streams to
-    where the open elements say."""
-    REFUSED = "refused"
-    """The builder refused the input (nesting past the limit; lenient only):
-    nothing more is read but the end marker, which ends the message with the
-    calls read so far."""
-    ENDED = "ended"
-    """``message_end`` went out; more output is reported once, as trailing."""
-    FAILED = "failed"
-    """A strict stream raised: every call raises the same error again."""
-
-
 # Checked per token: a module constant is one global lookup, where
 # StreamState.X is an Enum class attribute (several times slower).
 _READY, _READING, _REFUSED, _ENDED, _FAILED = StreamState
-
-
-@dataclass(slots=True)
-class _Ready:
-    """READY: the events of the generation prompt, which go out after
-    ``message_start`` (the prompt is read when the parser is made)."""
-
-    startup: list[StreamEvent]
-    state: ClassVar[StreamState] = _READY
-
-
-@dataclass(slots=True)
-class _Reading:
-    """READING: what it reads is the parser's current run of text and tree."""
-
-    state: ClassVar[StreamState] = _READING
-
-
-@dataclass(slots=True)
-class _Refused:
-    """REFUSED: nothing is read, so nothing is kept."""
-
-    state: ClassVar[StreamState] = _REFUSED
-
-
-@dataclass(slots=True)
-class _Ended:
-    trailing: bool = False
-    """Output after the end was reported (once)."""
-    state: ClassVar[StreamState] = _ENDED
-
-
-@dataclass(slots=True)
-class _Failed:
-    error: ParseError
-    state: ClassVar[StreamState] = _FAILED
-
-
-_Phase = _Ready | _Reading | _Refused | _Ended | _Failed
-
-
-@dataclass(slots=True, eq=False)
-class _Run:
-    """The run of text being read: the ids since the last marker, one text
-    lexeme for the tree builder when the next marker (or the end) comes.
-
-    Where it goes is settled when it starts: ``sink``, or None for text that
-    does not stream (a tag's header, an embed, text outside the message),
-    decoded once, when it ends. One object serves every run of a parser
-    (``restart`` after each marker): a marker costs no allocation of it.
-    """
-
-    sink: _Sink | None
-    ids: list[int] | None
-    """Its ids, for the decode of the whole run at its end; None when its
-    text is only streamed, not kept (a channel's text without keep, when
-    nothing else needs the ids)."""
-    blank: bool
-    """Its lexeme goes to the tree empty (a channel's text without keep)."""
-    header: bool
-    """It follows a tag marker: a header, where no placeholder is looked for."""
-    at: int = -1
-    """Offset of its first id; -1 while it has none."""
-    pieces: list[str] = field(default_factory=list)
-    """Its text so far, as streamed, joined into ``chunks`` every _CHUNK."""
-    chunks: list[str] = field(default_factory=list)
-    lossy: bool = False
-    """It held invalid UTF-8: the vocabulary's own decode settles the text."""
-    pend: bytes = b""
-    """Bytes of a character cut across tokens, waiting for the rest."""
-    group: list[int] = field(default_factory=list)
-    """Byte-fallback ids, decoded together (a tokenizer that is not byte-level)."""
-    hold: str = ""
-    """A tail that may begin a placeholder spelled as text."""
-    stream: Any = None
-    """The tokenizer's incremental decoder (a tokenizer that is not byte-level)."""
-
-    def restart(self, sink: _Sink | None, ids: list[int] | None, blank: bool, header: bool) -> None:
-        """The next run, empty, going to ``sink``."""
-        self.sink = sink
-        self.ids = ids
-        self.blank = blank
-        self.header = header
-        self.at = -1
-        self.pieces = []
-        self.chunks = []
-        self.lossy = False
-        self.pend = b""
-        self.group = []
-        self.hold = ""
 
 
 class StreamParser:
@@ -284,14 +115,12 @@ class StreamParser:
         self.lenient = lenient
         self.diagnostics: list[Diagnostic] = []
         vocab = binding.vocab
-        self._vocab = vocab
         self._kinds = {i: k for i, (k, _) in binding.kind_of_id.items()}
         self._marker_text = {i: s for i, (_, s) in binding.kind_of_id.items()}
         self._size = vocab.size
         self._table = vocab.byte_table()
         self._text_bytes = binding.text_table()
         self._text_strs = binding.text_strs()
-        self._byte_ids = frozenset() if self._table else _byte_fallback_ids(vocab)
         self._marks = binding.text_marks
         # What each channel holds decides how the stream reads it (a role of
         # _Open below is the kind a channel holds).
@@ -321,16 +150,16 @@ class StreamParser:
         self._reader = Reader(d, lenient)
         # Where the parser is: the state object, and its StreamState kept
         # beside it (set together by _enter) for a check per token.
-        self._at: _Phase
+        self._at: Phase
         self._state: StreamState
         # The current run while it may take feed's short path (it started,
         # streams on a byte-level vocabulary that spells no placeholder as
         # text, and holds no byte back); None otherwise, and always outside
         # READING. The one hot flag: feed tests it before anything else, so
         # that most tokens look at no state.
-        self._fast: _Run | None = None
+        self._fast: TextRun | None = None
         startup: list[StreamEvent] = []
-        self._enter(_Ready(startup))
+        self._enter(Ready(startup))
         # The generation prompt opened the message (and its first channel):
         # its lexemes start the tree, as the batch parser prepends them.
         self._shift, lexemes = _prompt_lexemes(d, binding, self.thinking)
@@ -339,7 +168,8 @@ class StreamParser:
         self._tb.advance()
         self._sync(0, startup, 0)
         self._tb.drop_consumed()
-        self._run = _Run(None, [], False, False)
+        byte_ids: frozenset[int] = frozenset() if self._table else byte_fallback_ids(vocab)
+        self._run = TextRun(vocab, self._table, byte_ids, self._marks)
         self._new_run()
 
     @property
@@ -350,7 +180,7 @@ class StreamParser:
         raised."""
         return self._state
 
-    def _enter(self, to: _Phase) -> None:
+    def _enter(self, to: Phase) -> None:
         self._at = to
         self._state = to.state
         # Only a READING parser streams text; a new state starts off the
@@ -395,7 +225,7 @@ class StreamParser:
                     if s:
                         pieces = run.pieces
                         pieces.append(s)
-                        if len(pieces) >= _CHUNK:
+                        if len(pieces) >= CHUNK:
                             run.chunks.append("".join(pieces))
                             pieces.clear()
                 if not s:
@@ -415,7 +245,7 @@ class StreamParser:
         try:
             self._feed(token_id, out)
         except ParseError as e:
-            self._enter(_Failed(e))
+            self._enter(Failed(e))
             raise
         return out
 
@@ -428,7 +258,7 @@ class StreamParser:
             for t in ids:
                 self._feed(t, out)
         except ParseError as e:
-            self._enter(_Failed(e))
+            self._enter(Failed(e))
             raise
         return out
 
@@ -447,19 +277,19 @@ class StreamParser:
                 self._start(out)
             self._finish(out, None)
         except ParseError as e:
-            self._enter(_Failed(e))
+            self._enter(Failed(e))
             raise
         return out
 
     def _failure(self) -> ParseError:
         failed = self._at
-        assert type(failed) is _Failed
+        assert type(failed) is Failed
         return failed.error
 
     def _start(self, out: list[StreamEvent]) -> None:
         ready = self._at
-        assert type(ready) is _Ready
-        self._enter(_Reading())
+        assert type(ready) is Ready
+        self._enter(Reading())
         out.append(StreamEvent("message_start", 0, role="assistant"))
         out += ready.startup
 
@@ -485,45 +315,15 @@ class StreamParser:
         ids = run.ids
         if ids is not None:
             ids.append(t)
-        sink = run.sink
-        if sink is None:
+        if run.sink is None:
             # Not streamed (a tag header, an embed, text outside the
             # message): decoded once, when the run ends.
             return
-        table = self._table
-        if table:
-            # Incremental UTF-8: the bytes of a character cut across tokens
-            # wait for the rest.
-            b = table[t]
-            pend = run.pend
-            if pend:
-                b = pend + b
-            s, used = _utf8(b, "replace", False)
-            run.pend = pend = b[used:] if used < len(b) else b""
-            if not self._marks:
-                self._fast = None if pend else run
-        elif t in self._byte_ids:
-            # A byte of a byte-fallback tokenizer: its decoder reads a run of
-            # them together (invalid UTF-8 replaces every byte of it), so the
-            # run goes to the decoder whole, when it ends.
-            run.group.append(t)
-            return
-        elif run.group:
-            run.group.append(t)
-            s = run.stream.step(self._vocab.tokenizer, run.group) or ""
-            run.group = []
-        else:
-            s = run.stream.step(self._vocab.tokenizer, t) or ""
+        s = run.step(t)
+        if self._table and not self._marks:
+            self._fast = None if run.pend else run
         if not s:
             return
-        if "\ufffd" in s:
-            run.lossy = True
-        if ids is not None:
-            pieces = run.pieces
-            pieces.append(s)
-            if len(pieces) >= _CHUNK:
-                run.chunks.append("".join(pieces))
-                pieces.clear()
         if self._marks:
             self._split(s, at, out)
         else:
@@ -537,7 +337,7 @@ class StreamParser:
             if t is None:
                 return
         ended = self._at
-        if type(ended) is _Ended:
+        if type(ended) is Ended:
             if not ended.trailing:
                 ended.trailing = True
                 self._diag(out, "trailing-output", at, "output continues after the end of the message")
@@ -574,10 +374,6 @@ class StreamParser:
         blank = not self.keep and sink.type == "text"
         collect = not blank or bool(self._marks) or not self._table
         run.restart(sink, [] if collect else None, blank, header)
-        if not self._table:
-            from tokenizers.decoders import DecodeStream
-
-            run.stream = DecodeStream(skip_special_tokens=False)
 
     def _emit_text(self, s: str, at: int, out: list[StreamEvent]) -> None:
         """Characters of the current run, to where it goes."""
@@ -585,33 +381,14 @@ class StreamParser:
 
     def _split(self, s: str, at: int, out: list[StreamEvent]) -> None:
         """Text with placeholders that the vocabulary spells as text: each is
-        an embed, found in the text as the batch lexer finds it; a tail that
-        may begin one is held until it is known."""
-        run = self._run
-        buf = run.hold + s
-        marks = self._marks
-        while True:
-            hits = [(buf.find(m), m) for m in marks if m in buf]
-            if not hits:
-                break
-            pos, m = min(hits)
-            if pos:
-                self._emit_text(buf[:pos], at, out)
+        an embed; the text around them streams."""
+        for piece, mark in self._run.split(s):
+            if not mark:
+                self._emit_text(piece, at, out)
+                continue
             embed = self._view[-1].embed if self._view else None
             if embed is not None:
-                out.append(embed.event(at, m))
-            buf = buf[pos + len(m) :]
-        cut = len(buf)
-        for c in {m[0] for m in marks}:
-            p = buf.find(c, max(0, len(buf) - max(map(len, marks)) + 1))
-            while 0 <= p < cut:
-                if any(m.startswith(buf[p:]) for m in marks):
-                    cut = p
-                    break
-                p = buf.find(c, p + 1)
-        run.hold = buf[cut:]
-        if cut:
-            self._emit_text(buf[:cut], at, out)
+                out.append(embed.event(at, piece))
 
     def _end_run(self, at: int, out: list[StreamEvent]) -> int:
         """A marker (or the end) ends the run of text: its lexemes, decoded
@@ -620,34 +397,9 @@ class StreamParser:
         run = self._run
         if run.at < 0:
             return 0
-        text = ""
-        if run.sink is None:
-            # A run that does not stream keeps its ids.
-            assert run.ids is not None
-            text = self._vocab.decode_batch([run.ids])[0]
-        elif self._table:
-            tail = _utf8(run.pend, "replace", True)[0] if run.pend else ""
-            run.pend = b""
-            if tail:
-                run.lossy = True
-                run.pieces.append(tail)
-                self._stream_text(tail, at, out)
-            if run.ids is not None:
-                text = "".join([*run.chunks, *run.pieces])
-                if run.lossy:
-                    # Invalid UTF-8: the vocabulary's own replacement rules.
-                    text = self._settle(text, at, out)
-        else:
-            if run.group:
-                s = run.stream.step(self._vocab.tokenizer, run.group) or ""
-                run.group = []
-                if s:
-                    run.pieces.append(s)
-                    self._stream_text(s, at, out)
-            # Incremental decoding is the tokenizer's own guess; the run
-            # decoded whole is the batch's text, and what is missing of it
-            # is sent now.
-            text = self._settle("".join([*run.chunks, *run.pieces]), at, out)
+        sent, text = run.end()
+        for piece in sent:
+            self._stream_text(piece, at, out)
         if run.hold:
             self._emit_text(run.hold, at, out)
         off = self._shift + run.at
@@ -665,18 +417,6 @@ class StreamParser:
             self._split(s, at, out)
         else:
             self._emit_text(s, at, out)
-
-    def _settle(self, sent: str, at: int, out: list[StreamEvent]) -> str:
-        """The run decoded whole, as the batch decodes it; what the stream
-        has not sent of it goes out now."""
-        ids = self._run.ids
-        # Only a run whose text streams without being kept drops its ids,
-        # and it is never settled.
-        assert ids is not None
-        exact = self._vocab.decode_batch([ids])[0]
-        if exact != sent and exact.startswith(sent):
-            self._stream_text(exact[len(sent) :], at, out)
-        return exact
 
     # -- markers and the tree ----------------------------------------------------------
 
@@ -726,7 +466,7 @@ class StreamParser:
         error in a strict stream)."""
         if not self.lenient:
             raise e.moved(self._shift) from None
-        self._enter(_Refused())
+        self._enter(Refused())
         self._diag(out, "too-deep", max(0, e.offset - self._shift), e.msg)
 
     def _sync(self, at: int, out: list[StreamEvent], run: int) -> None:
@@ -822,9 +562,9 @@ class StreamParser:
             kind = self._holds[tag]
             o.role = kind
             if kind == "reasoning":
-                o.text = o.embed = _Sink("text", channel=tag)
+                o.text = o.embed = Sink("text", channel=tag)
             elif kind == "content":
-                o.text = _Sink("text", channel=tag)
+                o.text = Sink("text", channel=tag)
             out.append(StreamEvent("channel_start", at, channel=tag))
         elif role == "tool_calls":
             if tag == n["call"]:
@@ -840,7 +580,7 @@ class StreamParser:
                 o.index = parent.index
                 o.key = a.get(n["key"]) if tag == n["argument"] else None
                 vtype = a.get(n["type"], "string") if tag == n["argument"] else "json"
-                o.text = o.embed = _Sink("argument_delta", index=o.index, key=o.key)
+                o.text = o.embed = Sink("argument_delta", index=o.index, key=o.key)
                 out.append(StreamEvent("argument_start", at, index=o.index, key=o.key, value_type=vtype))
         else:
             # Inside a channel or an argument, nested elements are read as
@@ -947,7 +687,7 @@ class StreamParser:
                         message = {"role": "assistant", **({"tool_calls": calls} if calls else {})}
                     self._calls = list(calls)
         refused = self._state is _REFUSED
-        self._enter(_Ended())
+        self._enter(Ended())
         if refused:
             message = {"role": "assistant", **({"tool_calls": list(self._calls)} if self._calls else {})}
         cut = at is None and not self._closed_message
@@ -1032,21 +772,6 @@ class StreamParser:
         tail = list(self._tail)
         if [k for k, _ in tail] == [CLOSE, TEXT, SEP] and tail[1][1] == self.names["message"]:
             self._push(END, "", self._shift + self._offset)
-
-
-_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
-
-
-def _byte_fallback_ids(vocab: Vocabulary) -> frozenset[int]:
-    """The ids of byte tokens (``<0xE6>``) of a byte-fallback vocabulary
-    (found once per vocabulary, and kept on it)."""
-    found: frozenset[int] | None = vocab.derived.get(_byte_fallback_ids)
-    if found is None:
-        tok = vocab.tokenizer
-        get_vocab = getattr(tok, "get_vocab", None)
-        pairs = get_vocab(with_added_tokens=False).items() if callable(get_vocab) else ()
-        found = vocab.derived[_byte_fallback_ids] = frozenset(i for s, i in pairs if _BYTE_TOKEN.fullmatch(s))
-    return found
 
 
 _Prompt = tuple[int, tuple[tuple[str, str, int], ...]]

@@ -24,7 +24,6 @@ its address's fragment.
 from __future__ import annotations
 
 import ipaddress
-import json
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
@@ -38,6 +37,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import XtmlError
+from ..serving.asgi import Refused, content_type, read_body, read_json
 from ..serving.auth import BearerGuard
 from ..serving.gateway import MAX_BODY
 from ..vocab.vocabulary import Vocabulary
@@ -164,43 +164,30 @@ class _Api:
         self.session = session
         self.max_body = max_body
 
-    async def _body(self, request: Request) -> dict[str, Any] | JSONResponse:
-        kind = request.headers.get("content-type", "")
-        if kind.split(";", 1)[0].strip().lower() != "application/json":
-            # A cross-site page may send a text/plain (or form) body without
-            # asking; application/json needs a CORS preflight, never granted.
-            got = repr(kind[:60]) if kind else "none"
-            return _error(415, f"the request body must be JSON sent with 'Content-Type: application/json' (this "
-                               f"request's Content-Type: {got})", code=415)
-        length = request.headers.get("content-length", "")
-        too_large = _error(413, f"the request body is larger than {self.max_body:,} bytes, the largest this "
-                                "server reads", code=413)
-        if length.isdigit() and int(length) > self.max_body:
-            return too_large
-        pieces: list[bytes] = []
-        size = 0
-        async for piece in request.stream():
-            size += len(piece)
-            if size > self.max_body:
-                return too_large
-            pieces.append(piece)
-        try:
-            body = json.loads(b"".join(pieces).decode("utf-8"))
-        except UnicodeDecodeError as e:
-            return _error(400, f"the request body is not UTF-8 (byte {e.start:,})")
-        except RecursionError:
-            return _error(400, "the request body nests arrays and objects deeper than the JSON parser reads")
-        except ValueError as e:
-            return _error(400, f"the request body is not JSON: {e}")
-        if type(body) is not dict:
-            return _error(400, "the request body must be a JSON object")
-        return body
+    async def _body(self, request: Request) -> dict[str, Any] | Response:
+        # A cross-site page may send a text/plain (or form) body without
+        # asking, or one that declares no type; JSON needs a CORS preflight,
+        # never granted.
+        refused = content_type(request.scope["headers"], required=True)
+        if refused is None:
+            raw = await read_body(request.scope, request.receive, self.max_body)
+            if raw is None:
+                return Response(status_code=400)  # the client left: nobody reads this
+            refused = raw if isinstance(raw, Refused) else None
+            if refused is None:
+                assert isinstance(raw, bytes)
+                body = read_json(raw)
+                if not isinstance(body, Refused):
+                    return body
+                refused = body
+        code = refused.status if refused.status != 400 else None
+        return _error(refused.status, refused.message, refused.param, **({"code": code} if code else {}))
 
     def endpoint(self, view: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[Request],
                                                                                       Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             body = await self._body(request)
-            if isinstance(body, JSONResponse):
+            if isinstance(body, Response):
                 return body
             try:
                 # The views tokenize and parse: off the event loop.

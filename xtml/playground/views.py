@@ -21,7 +21,7 @@ from typing import Any
 from ..chat.dialect import Dialect
 from ..chat.keys import locate
 from ..chat.template_file import BUILTIN, builtin_files, check_text
-from ..errors import OptionError, XtmlError
+from ..errors import CallerError, OptionError, XtmlError
 from ..markup.nodes import Element
 from ..markup.segments import Segment
 from ..plugins.jsonfmt import BadInput, input_json
@@ -48,7 +48,7 @@ MAX_IDS = 1 << 18
 _AT = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 
-class FieldError(XtmlError):
+class FieldError(CallerError):
     """A bad field of a playground API call: ``field`` names it (``request``,
     ``completion``, ``template`` ...), ``location`` says where inside it
     (``messages[2].role``, ``option 'thinking'``), and ``line`` and ``column``
@@ -284,8 +284,6 @@ class Session:
             ids = t.encode(request, b.vocab, **options)
         except XtmlError as e:
             raise _from(e, "request") from None
-        except RecursionError:
-            raise FieldError("the request nests arrays and objects too deeply", field="request") from None
         toks = list(_tokens(doc, b))
         table = b.vocab.byte_table()
         out_tokens: list[dict[str, Any]] = []
@@ -417,8 +415,6 @@ class Session:
             grammar = t.completion_grammar(request, b.vocab, format="llguidance", **options)
         except XtmlError as e:
             raise _from(e, "request") from None
-        except RecursionError:
-            raise FieldError("the request nests arrays and objects too deeply", field="request") from None
         result: dict[str, Any] = {"grammar": grammar}
         try:
             import llguidance

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .api import ContentExtension, Context
+from .api import Context
 from .media import (
-    PromptFormat,
+    MediaExtension,
+    MediaPlugin,
     Settings,
     b64,
     data_bytes,
@@ -24,36 +25,33 @@ from .media import (
     positive_number,
     read_file,
     reference,
+    show_digits,
     wav_seconds,
 )
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from ..markup.sink import MarkupSink
 
-_KEYS = ("part_types", "prompt", "pad", "frame_rate", "decimals", "max_seconds", "read_files")
+class AudioExtension(MediaExtension[str]):
+    """A prepared part is its length in seconds as the prompt writes it."""
 
-
-class AudioExtension(ContentExtension):
     name = "audio"
-    embeds = True
+    keys = ("part_types", "prompt", "pad", "frame_rate", "decimals", "max_seconds", "read_files")
+    default_types = ("audio", "input_audio")
+    fields: ClassVar[dict[str, str]] = {"seconds": r"[0-9]+(?:\.[0-9]+)?"}
 
-    def __init__(self, settings: Mapping[str, Any], where: str) -> None:
-        s = Settings(settings, where, _KEYS)
-        self.part_types, self.input_types = s.part_types("audio", ["audio", "input_audio"])
+    def setup(self, s: Settings) -> None:
         self.read_files = s.flag("read_files", False)
         self.decimals = s.num("decimals", 2, integer=True, minimum=0, maximum=17)
         self.frame_rate = s.num("frame_rate", 12.5, minimum=1e-9, maximum=1e6)
         self.max_seconds = s.num("max_seconds", 3600, minimum=1e-9, maximum=1e7)
-        self.format = PromptFormat(s.text("prompt"), s.text("pad"), {"seconds": r"[0-9]+(?:\.[0-9]+)?"}, where)
-        self.markers = (self.format.pad,)
 
     def seconds(self, duration: float) -> str:
         return f"{duration:.{self.decimals}f}"
 
-    def pads(self, seconds: str) -> int:
-        return int(max(1, math.ceil(float(seconds) * self.frame_rate - 1e-9)))
+    def pads(self, value: str) -> int:
+        return int(max(1, math.ceil(float(value) * self.frame_rate - 1e-9)))
 
     def prepare(self, part: Mapping[str, Any]) -> str:
         duration = positive_number(part, "duration")
@@ -84,33 +82,23 @@ class AudioExtension(ContentExtension):
             raise ValueError(f"audio of {duration:g} s rounds to no time at all")
         return s
 
-    def jinja(self) -> str | None:
-        # The prompt comes from the audio itself (its length),
-        # which a Jinja template cannot read: the exported template refuses the
-        # part rather than render another prompt.
-        return ("{{ raise_exception('audio parts need the prompt xtml computes from the media, which a Jinja "
-                "template cannot: render with xtml (at messages[' ~ mi ~ '].' ~ where ~ ')') }}")
+    def prompt_fields(self, value: str) -> dict[str, str]:
+        return {"seconds": value}
 
-    def render(self, value: str, out: MarkupSink, ctx: Context) -> None:
-        out.embed(self.format.render(self.pads(value), seconds=value))
-
-    def normal(self, value: str, ctx: Context) -> dict[str, Any]:
-        return {"type": "audio", "duration": float(value)}
-
-    def read_embed(self, raw: str, ctx: Context) -> dict[str, Any] | None:
-        got = self.format.read(raw)
-        if got is None:
-            return None
-        seconds, pads = got[0]["seconds"], got[1]
+    def from_fields(self, fields: dict[str, str]) -> str:
+        seconds = fields["seconds"]
         # Read back only what render writes: a length past max_seconds (or
         # past a float's range) would not render again.
         if not 0 < float(seconds) <= self.max_seconds:
-            shown = seconds if len(seconds) <= 24 else f"{seconds[:24]}… ({len(seconds):,} digits)"
-            raise ValueError(f"audio of {shown} s: a length is more than 0 and at most this template's "
-                             f"max_seconds ({self.max_seconds:g})")
-        if pads != self.pads(seconds):
-            ctx.problem(f"audio of {seconds} s has {pads} pads, expected {self.pads(seconds)}", "bad-embed")
-        return {"type": "audio", "duration": float(seconds)}
+            raise ValueError(f"audio of {show_digits(seconds)} s: a length is more than 0 and at most this "
+                             f"template's max_seconds ({self.max_seconds:g})")
+        return seconds
+
+    def describe(self, value: str) -> str:
+        return f"audio of {value} s"
+
+    def normal(self, value: str, ctx: Context) -> dict[str, Any]:
+        return {"type": "audio", "duration": float(value)}
 
     def strategy(self) -> SearchStrategy[dict[str, Any]]:
         from hypothesis import strategies as st
@@ -138,11 +126,4 @@ def _wav(frames: int) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-class AudioPlugin:
-    name = "audio"
-
-    def configure(self, settings: Mapping[str, Any], where: str) -> AudioExtension:
-        return AudioExtension(settings, where)
-
-
-plugin = AudioPlugin()
+plugin = MediaPlugin(AudioExtension)

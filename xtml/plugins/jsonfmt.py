@@ -10,7 +10,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import shown
@@ -49,28 +49,47 @@ _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
+class TooDeep(json.JSONDecodeError):
+    """JSON text nested deeper than Python's reader goes (its recursion
+    limit): text that cannot be read, as any other."""
+
+
+def read(text: str | bytes, decode: Callable[[str], Any] = json.loads, **options: Any) -> Any:
+    """``decode(text)`` (Python's JSON reader), with nesting past Python's
+    recursion limit a :class:`TooDeep`: every text it cannot read is then a
+    ``ValueError``, which is what callers catch. ``options`` go to
+    ``json.loads`` (with bytes, which it reads in whatever UTF they are)."""
+    try:
+        if options or type(text) is not str:
+            return json.loads(text, **options)
+        return decode(text)
+    except RecursionError:
+        doc = text if type(text) is str else ""
+        raise TooDeep("arrays and objects nested deeper than Python's JSON reader goes", doc, 0) from None
+
+
 def loads(text: str) -> Any:
     """Standard JSON only: ``json.JSONDecodeError`` for text that is not
-    JSON, :class:`NotStandard` for what Python's decoder reads but standard
-    JSON does not have (``NaN``, ``Infinity``, ``-Infinity``, a number too
-    large for a float, an integer with more digits than Python converts,
-    a string holding a lone surrogate), ``RecursionError`` for nesting
-    deeper than Python's recursion limit. Whatever it returns,
+    JSON (:class:`TooDeep` for nesting deeper than Python's recursion
+    limit), :class:`NotStandard` for what Python's decoder reads but
+    standard JSON does not have (``NaN``, ``Infinity``, ``-Infinity``, a
+    number too large for a float, an integer with more digits than Python
+    converts, a string holding a lone surrogate). Whatever it returns,
     :func:`value` and :func:`arguments` write back."""
     if lone_surrogate(text) >= 0:
         raise NotStandard("the text holds a lone surrogate, which is not Unicode text")
     try:
-        v = _DECODER.decode(text)
+        v = read(text, _DECODER.decode)
     except json.JSONDecodeError:
         raise
     except NotStandard:
         # The hooks fire before the decoder sees the rest: "NaNx" is not
         # JSON at all, to Python either, and must be told apart from "NaN".
         try:
-            json.loads(text)
+            read(text)
         except json.JSONDecodeError:
             raise
-        except (ValueError, RecursionError):
+        except ValueError:
             pass  # JSON to Python's grammar, whatever else stops its decoder
         raise
     except ValueError:
@@ -224,17 +243,88 @@ def input_json(text: str | bytes) -> Any:
         return d
 
     try:
-        return json.loads(text, object_pairs_hook=once)
+        return read(text, object_pairs_hook=once)
     except _Twice as e:
         where = _path_of_object(text, e.n)
         raise BadInput(f"invalid JSON: key {e.key!r} twice in one object{' (at ' + where + ')' if where else ''}; "
                        "JSON would keep only the last") from None
     except UnicodeDecodeError:
         raise
+    except TooDeep:
+        raise BadInput("invalid JSON: nested too deeply") from None
     except json.JSONDecodeError as e:
         raise BadInput(f"invalid JSON: {e.msg} (at line {e.lineno}, column {e.colno})") from None
-    except RecursionError:
-        raise BadInput("invalid JSON: nested too deeply") from None
     except ValueError:
         raise BadInput(f"invalid JSON: an integer has more than {sys.get_int_max_str_digits():,} digits, more "
                        "than Python reads") from None
+
+
+# -- depth ---------------------------------------------------------------------------
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def deep_path(value: Any, levels: int, dump: Callable[[Any], Any] | None = None) -> list[str | int] | None:
+    """The path (keys and indices) to the first array or object of ``value``
+    nested more than ``levels`` deep, or None. Python values: mappings,
+    lists and tuples nest; ``dump`` turns any other value into what it
+    stands for (a request model into its dict), or None when it stands for
+    itself. A value that contains itself is nested past any depth."""
+    stack: list[tuple[Any, int, list[str | int]]] = [(value, 0, [])]
+    while stack:
+        x, depth, path = stack.pop()
+        if dump is not None and type(x) not in _PLAIN:
+            dumped = dump(x)
+            if dumped is not None:
+                x = dumped
+        if isinstance(x, Mapping):
+            items: Sequence[tuple[str | int, Any]] = [(k if isinstance(k, str) else str(k), v) for k, v in x.items()]
+        elif isinstance(x, list | tuple):
+            items = list(enumerate(x))
+        else:
+            continue
+        if depth == levels:
+            return path
+        stack += [(v, depth + 1, [*path, k]) for k, v in reversed(items)]
+    return None
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None), dict, list, tuple})
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object's pairs, in order."""
+
+
+def deep_path_in_text(text: str, levels: int) -> list[str | int] | None:
+    """:func:`deep_path` of JSON text, found without reading all of it (text
+    too deep for Python's reader): the text up to where it opens an array or
+    object more than ``levels`` deep is read with that value as a 0 and
+    what is open closed, and the path goes to that 0. None when no value is
+    that deep, or the text before it is not JSON."""
+    open_: list[str] = []
+    for m in _TOKENS.finditer(text):
+        c = m.group()
+        if c == "[" or c == "{":
+            if len(open_) == levels:
+                head = text[:m.start()] + "0" + "".join("]" if o == "[" else "}" for o in reversed(open_))
+                try:
+                    # Objects as their pairs: a key given twice is still
+                    # the last one.
+                    x = read(head, object_pairs_hook=_Pairs)
+                except ValueError:
+                    return None
+                path: list[str | int] = []
+                while isinstance(x, list) and x:
+                    if isinstance(x, _Pairs):
+                        key, x = x[-1]
+                        path.append(key)
+                    else:
+                        path.append(len(x) - 1)
+                        x = x[-1]
+                return path
+            open_.append(c)
+        elif c == "]" or c == "}":
+            if open_:
+                open_.pop()
+    return None

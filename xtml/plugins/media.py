@@ -1,5 +1,6 @@
 """Shared by the media plugins: settings checks, the processor-style patch
-grid, prompt formats that render and read back, and reading media sizes."""
+grid, prompt formats that render and read back, reading media sizes, and
+the shell of a plugin whose part is a prompt of pads (:class:`MediaExtension`)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ import math
 import os
 import re
 import stat
+from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
 from ..errors import TemplateError
+from .api import ContentExtension, Context
+
+if TYPE_CHECKING:
+    from ..markup.sink import MarkupSink
 
 
 class Settings:
@@ -388,3 +394,93 @@ def reference(part: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
         if isinstance(v, str) and v:
             return v
     return None
+
+
+def show_digits(text: str) -> str:
+    """Digits a prompt pattern matched, for a message: cut when long."""
+    return text if len(text) <= 24 else f"{text[:24]}… ({len(text):,} digits)"
+
+
+# -- the shell of a media plugin ------------------------------------------------------
+
+V = TypeVar("V")
+
+
+class MediaExtension(ContentExtension, Generic[V]):
+    """A content extension whose part renders as one embed: a prompt with
+    fields computed from the media (``PromptFormat``) and a number of pads,
+    both from the prepared value (a ``V``); read back, the prompt's fields
+    give the value again and the pads are counted against it.
+
+    A subclass names its settings (``keys``), its fields' patterns
+    (``fields``) and its default part types, checks its own settings in
+    :meth:`setup`, and says how a value is prepared, counted, written and
+    read."""
+
+    embeds = True
+    keys: ClassVar[tuple[str, ...]]
+    """The keys its ``[plugins.NAME]`` table may hold."""
+    default_types: ClassVar[tuple[str, ...]]
+    """The part types it reads when ``part_types`` is not set."""
+    fields: ClassVar[dict[str, str]]
+    """The prompt's fields and the pattern of each (see :class:`PromptFormat`)."""
+
+    def __init__(self, settings: Mapping[str, Any], where: str) -> None:
+        s = Settings(settings, where, self.keys)
+        self.part_types, self.input_types = s.part_types(self.name, list(self.default_types))
+        self.setup(s)
+        self.format = PromptFormat(s.text("prompt"), s.text("pad"), self.fields, where)
+        self.markers = (self.format.pad,)
+
+    @abstractmethod
+    def setup(self, s: Settings) -> None:
+        """Read the plugin's own settings (all but part_types, prompt and pad)."""
+
+    @abstractmethod
+    def pads(self, value: V) -> int:
+        """How many pads the prompt of ``value`` holds."""
+
+    @abstractmethod
+    def prompt_fields(self, value: V) -> dict[str, str]:
+        """The prompt's fields for ``value``, as written."""
+
+    @abstractmethod
+    def from_fields(self, fields: dict[str, str]) -> V:
+        """The value a read prompt's fields give; raises ValueError for one
+        that :meth:`render` would not write."""
+
+    @abstractmethod
+    def describe(self, value: V) -> str:
+        """``value`` in a message (``audio of 2.00 s``)."""
+
+    def jinja(self) -> str | None:
+        # The prompt comes from the media itself (its length, its size),
+        # which a Jinja template cannot read: the exported template refuses
+        # the part rather than render another prompt.
+        return (f"{{{{ raise_exception('{self.name} parts need the prompt xtml computes from the media, which a "
+                "Jinja template cannot: render with xtml (at messages[' ~ mi ~ '].' ~ where ~ ')') }}")
+
+    def render(self, value: V, out: MarkupSink, ctx: Context) -> None:
+        out.embed(self.format.render(self.pads(value), **self.prompt_fields(value)))
+
+    def read_embed(self, raw: str, ctx: Context) -> dict[str, Any] | None:
+        got = self.format.read(raw)
+        if got is None:
+            return None
+        fields, pads = got
+        value = self.from_fields(fields)
+        if pads != self.pads(value):
+            ctx.problem(f"{self.describe(value)} has {pads} pads, expected {self.pads(value)}", "bad-embed")
+        return self.normal(value, ctx)
+
+
+class MediaPlugin:
+    """The plugin object of a :class:`MediaExtension`: its ``configure``
+    makes the extension."""
+
+    def __init__(self, extension: type[MediaExtension[Any]]) -> None:
+        self.name = extension.name
+        self.extension = extension
+
+    def configure(self, settings: Mapping[str, Any], where: str) -> MediaExtension[Any]:
+        return self.extension(settings, where)

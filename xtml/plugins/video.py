@@ -10,49 +10,47 @@ back ``{"type": "video", "frames": F, "width": W, "height": H}``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .api import ContentExtension, Context
+from .api import Context
 from .media import (
     MAX_PIXELS,
     Grid,
-    PromptFormat,
+    MediaExtension,
+    MediaPlugin,
     Settings,
     check_size,
     positive_int,
     positive_number,
     prompt_int,
+    show_digits,
     show_int,
 )
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from ..markup.sink import MarkupSink
-
-_KEYS = ("part_types", "prompt", "pad", "patch_size", "merge_size", "min_pixels", "max_pixels", "sample_fps",
-         "max_frames")
+Frames = tuple[int, int, int]
+"""A prepared part: frames, width, height."""
 
 
-class VideoExtension(ContentExtension):
+class VideoExtension(MediaExtension[Frames]):
     name = "video"
-    embeds = True
+    keys = ("part_types", "prompt", "pad", "patch_size", "merge_size", "min_pixels", "max_pixels", "sample_fps",
+            "max_frames")
+    default_types = ("video", "video_url")
+    fields: ClassVar[dict[str, str]] = {"frames": "[0-9]+", "width": "[0-9]+", "height": "[0-9]+"}
 
-    def __init__(self, settings: Mapping[str, Any], where: str) -> None:
-        s = Settings(settings, where, _KEYS)
-        self.part_types, self.input_types = s.part_types("video", ["video", "video_url"])
+    def setup(self, s: Settings) -> None:
         self.grid = Grid.from_settings(s)
         self.sample_fps = s.num("sample_fps", 2.0, minimum=1e-9, maximum=1e4)
         self.max_frames = s.num("max_frames", 64, integer=True, minimum=1, maximum=1 << 20)
-        self.format = PromptFormat(s.text("prompt"), s.text("pad"),
-                                   {"frames": "[0-9]+", "width": "[0-9]+", "height": "[0-9]+"}, where)
-        self.markers = (self.format.pad,)
 
     def frames_for(self, duration: float) -> int:
         # duration is finite, but times sample_fps it may not be.
         return int(max(1, min(self.max_frames, round(min(duration * self.sample_fps, 1e18)))))
 
-    def prepare(self, part: Mapping[str, Any]) -> tuple[int, int, int]:
+    def prepare(self, part: Mapping[str, Any]) -> Frames:
         w, h = positive_int(part, "width"), positive_int(part, "height")
         if w is None or h is None:
             raise ValueError("a video part needs width and height (of its frames)")
@@ -68,39 +66,30 @@ class VideoExtension(ContentExtension):
                              f"({self.max_frames})")
         return frames, w, h
 
-    def pads(self, frames: int, width: int, height: int) -> int:
+    def pads(self, value: Frames) -> int:
+        frames, width, height = value
         return frames * self.grid.tokens(width, height)
 
-    def jinja(self) -> str | None:
-        # The prompt comes from the video itself (its length, frames and size),
-        # which a Jinja template cannot read: the exported template refuses the
-        # part rather than render another prompt.
-        return ("{{ raise_exception('video parts need the prompt xtml computes from the media, which a Jinja "
-                "template cannot: render with xtml (at messages[' ~ mi ~ '].' ~ where ~ ')') }}")
-
-    def render(self, value: tuple[int, int, int], out: MarkupSink, ctx: Context) -> None:
+    def prompt_fields(self, value: Frames) -> dict[str, str]:
         f, w, h = value
-        out.embed(self.format.render(self.pads(f, w, h), frames=str(f), width=str(w), height=str(h)))
+        return {"frames": str(f), "width": str(w), "height": str(h)}
 
-    def normal(self, value: tuple[int, int, int], ctx: Context) -> dict[str, Any]:
-        f, w, h = value
-        return {"type": "video", "frames": f, "width": w, "height": h}
-
-    def read_embed(self, raw: str, ctx: Context) -> dict[str, Any] | None:
-        got = self.format.read(raw)
-        if got is None:
-            return None
-        fields, pads = got
+    def from_fields(self, fields: dict[str, str]) -> Frames:
         f, w, h = prompt_int(fields["frames"]), prompt_int(fields["width"]), prompt_int(fields["height"])
         # Read back only what render writes: a frame count or size it refuses
         # would not render again (and a huge one would overflow the grid).
         if f is None or w is None or h is None or not 0 < f <= self.max_frames or min(w, h) <= 0 \
                 or w * h > MAX_PIXELS:
-            raise ValueError(f"video {_digits(fields['frames'])}x{_digits(fields['width'])}x"
-                             f"{_digits(fields['height'])}: a video has 1 to {self.max_frames} frames of 1 to "
+            raise ValueError(f"video {show_digits(fields['frames'])}x{show_digits(fields['width'])}x"
+                             f"{show_digits(fields['height'])}: a video has 1 to {self.max_frames} frames of 1 to "
                              f"{MAX_PIXELS:,} pixels")
-        if pads != self.pads(f, w, h):
-            ctx.problem(f"video {f}x{w}x{h} has {pads} pads, expected {self.pads(f, w, h)}", "bad-embed")
+        return f, w, h
+
+    def describe(self, value: Frames) -> str:
+        return "video {}x{}x{}".format(*value)
+
+    def normal(self, value: Frames, ctx: Context) -> dict[str, Any]:
+        f, w, h = value
         return {"type": "video", "frames": f, "width": w, "height": h}
 
     def strategy(self) -> SearchStrategy[dict[str, Any]]:
@@ -115,15 +104,4 @@ class VideoExtension(ContentExtension):
         )
 
 
-def _digits(text: str) -> str:
-    return text if len(text) <= 24 else f"{text[:24]}… ({len(text):,} digits)"
-
-
-class VideoPlugin:
-    name = "video"
-
-    def configure(self, settings: Mapping[str, Any], where: str) -> VideoExtension:
-        return VideoExtension(settings, where)
-
-
-plugin = VideoPlugin()
+plugin = MediaPlugin(VideoExtension)

@@ -42,6 +42,7 @@ from ..markup.markers import (
 )
 from ..markup.parse import MAX_DEPTH, lex_text
 from ..markup.reference import document_parser
+from ..plugins import jsonfmt
 from ..template import Template, TokenizerLike
 from .adversarial import json_objects, json_values, texts
 
@@ -53,8 +54,8 @@ __all__ = ["assistant_messages", "chunk_sizes", "markup", "requests", "stream_ca
 def _non_json(s: str) -> str:
     """``s`` unless it parses as JSON that is not an object (an invalid request)."""
     try:
-        v = json.loads(s)
-    except (ValueError, RecursionError):
+        v = jsonfmt.read(s)
+    except ValueError:
         return s
     return s if isinstance(v, dict) else "~" + s
 

@@ -5,7 +5,9 @@ stopping at the first: TOML syntax; keys, types and values of every section
 (:func:`xtml.chat.template_file.check_text`); plugins and their settings; the
 grammar built strictly; with a tokenizer, that every marker is one special id
 and splits cleanly out of surrounding text; finally a self-test that renders
-generated requests and parses them back.
+generated requests and parses them back. A layout dialect's file is checked
+by the layout reader (:func:`xtml.chat.layout_file.check_any_text`) and its
+tokens against the tokenizer; its self-test is not yet available.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 
 from ..chat.dialect import Dialect
 from ..chat.keys import locate
-from ..chat.template_file import Problem, check_text, read_template
+from ..chat.layout import LayoutDialect
+from ..chat.layout_file import check_any_text
+from ..chat.template_file import Problem, read_template
 from ..errors import TemplateError, XtmlError
 
 __all__ = ["Finding", "Report", "validate"]
@@ -58,6 +62,8 @@ class Report:
     """The checks that ran, in order."""
     self_test_examples: int = 0
     dialect: Dialect | None = None
+    not_yet: list[str] = field(default_factory=list)
+    """Checks that do not run on this kind of template yet."""
 
     @property
     def valid(self) -> bool:
@@ -67,7 +73,8 @@ class Report:
         n = len(self.findings)
         state = "valid" if not n else f"{n} problem{'s' if n != 1 else ''}"
         ran = ", ".join(self.checks)
-        return f"{self.template}: {state} (checked: {ran})"
+        later = f"; not yet for layout dialects: {', '.join(self.not_yet)}" if self.not_yet else ""
+        return f"{self.template}: {state} (checked: {ran}{later})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +83,7 @@ class Report:
             "checks": self.checks,
             "self_test_examples": self.self_test_examples,
             "findings": [asdict(f) for f in self.findings],
+            **({"not_yet": self.not_yet} if self.not_yet else {}),
         }
 
     def dumps(self) -> str:
@@ -96,11 +104,13 @@ def validate(template: str | Path, *, tokenizer: str | Path | None = None, examp
         return Report(str(template), [Finding("template", e.msg, str(template))], ["file"])
     report = Report(where)
     report.checks.append("toml")
-    dialect, problems = check_text(text, where)
+    dialect, problems = check_any_text(text, where)
     report.findings += [_finding("toml" if p.message.startswith("invalid TOML") else "template", p, where)
                         for p in problems]
     if report.findings and report.findings[0].check == "toml":
         return report
+    if isinstance(dialect, LayoutDialect) or (dialect is None and _is_layout_text(text)):
+        return _layout(report, dialect, text, where, tokenizer, add_markers, examples)
     report.checks += ["keys", "markers", "names", "placeholders", "plugins"]
     if dialect is None:
         return report
@@ -116,6 +126,44 @@ def validate(template: str | Path, *, tokenizer: str | Path | None = None, examp
         report.checks.append("self-test")
         found, report.self_test_examples = _self_test(dialect, vocab, examples, seed, where, tokenizer)
         report.findings += found
+    return report
+
+
+def _is_layout_text(text: str) -> bool:
+    import tomllib
+
+    from ..chat.template_file import is_layout
+
+    try:
+        return is_layout(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
+        return False
+
+
+def _layout(report: Report, d: LayoutDialect | None, text: str, where: str, tokenizer: str | Path | None,
+            add_markers: bool, examples: int) -> Report:
+    """The rest of :func:`validate` for a layout dialect: its file was
+    checked whole by the layout reader (sections, tokens, stop tokens,
+    roles, frames, patterns and policies); with a tokenizer, every declared
+    token must fit it."""
+    report.checks += ["keys", "tokens", "patterns"]
+    if d is None:
+        return report
+    if tokenizer is not None:
+        from ..codec.layout import bind
+        from ..vocab.load import load_tokenizer
+
+        report.checks.append("tokenizer")
+        try:
+            bind(d, load_tokenizer(tokenizer, add_special_tokens=d.tokens if add_markers else ()))
+        except XtmlError as e:
+            pos = locate(text, "tokens")
+            line, column = pos if pos else (None, None)
+            report.findings.append(Finding("tokenizer", e.msg, where, line, column, "tokens",
+                                           "for a base model's tokenizer, add the tokens as special tokens: xtml "
+                                           "validate --add-markers"))
+    if examples > 0:
+        report.not_yet.append("self-test")
     return report
 
 

@@ -37,7 +37,7 @@ from typing import IO, Any, cast
 
 from ..chat.template_file import load_dialect
 from ..codec.training import encode_example, overruns
-from ..errors import XtmlError
+from ..errors import CallerError, XtmlError
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
@@ -52,7 +52,7 @@ CHUNK_ROWS = 512
 CHUNK_BYTES = 16 << 20
 
 
-class DatasetError(XtmlError):
+class DatasetError(CallerError):
     """A dataset command cannot run: unreadable input, unwritable output, a
     missing package."""
 
@@ -202,9 +202,6 @@ def _process(lines: list[tuple[int, Any]]) -> Chunk:
             ex = encode_example(d, binding, req, train=job.train)
         except XtmlError as e:
             out.skipped.append((line, str(e)))
-            continue
-        except RecursionError:
-            out.skipped.append((line, "the request is nested too deeply"))
             continue
         except Exception as e:  # a bug must not cost the rest of the run; the row is reported
             out.skipped.append((line, f"unexpected {type(e).__name__}: {e}"))

@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..chat.dialect import Dialect, Training
-from ..chat.request import OPTION_NAMES
+from ..chat.options import OPTION_NAMES
 from ..chat.template_file import load_dialect
 from ..codec.training import IGNORE_INDEX, Train, TrainingExample, encode_example
-from ..errors import XtmlError
+from ..errors import CallerError, XtmlError
 from ..lru import Lru
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
@@ -77,7 +77,7 @@ def with_training_defaults(request: Any) -> Any:
     return request
 
 
-class RowError(XtmlError):
+class RowError(CallerError):
     """A dataset row that holds no request (no ``messages`` column, invalid
     JSON text)."""
 

@@ -60,7 +60,7 @@ from vllm.reasoning import ReasoningParser
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
-from ..chat.request import resolve_options
+from ..chat.options import resolve_options
 from ..codec.stream import StreamParser
 from ..errors import TokenizerError, XtmlError
 from ..template import Template

@@ -21,20 +21,16 @@ import json
 import re
 from typing import Any
 
-from ...errors import OptionError
-from .plan import Plan, deep_schemas_refused
+from .plan import Plan
 from .plan import marker_id as _marker_id
-from .xgrammar import _JSON_RULES, TRACKED, _Ebnf
+from .xgrammar import _JSON_RULES, ATTR_TEXT, TRACKED, _Ebnf
 
 __all__ = ["TRACKED", "write"]
 
 
 def write(plan: Plan) -> str:
     """The plan (made for ``gbnf``, with a tokenizer) as GBNF."""
-    if plan.format != "gbnf":
-        raise OptionError(f"this plan's markers are spelled for {plan.format}, not gbnf", option="format")
-    with deep_schemas_refused():
-        return _Gbnf(plan).write()
+    return _Gbnf.grammar(plan)
 
 
 # GBNF rule names are letters, digits and "-" (llama-grammar.cpp's
@@ -62,7 +58,17 @@ def _class_char(ch: str) -> str:
 
 
 class _Gbnf(_Ebnf):
-    comment = "#"
+    syntax = "gbnf"
+    load = (
+        "# Load: llama.cpp's grammar sampler (the /completion field \"grammar\", or --grammar-file).",
+        "# GBNF cannot express, so this grammar admits more or less than the llguidance export:",
+        "#   text bodies, attribute values and JSON strings spell no marker (GBNF negates one token id",
+        "#   at a time, so markers are kept out by their spelling): text that spells one is refused;",
+        "#   special tokens of the vocabulary that are not the template's markers are admitted as text;",
+        "#   keys an argument schema does not list are not told apart from listed ones;",
+        f"#   more than {TRACKED} arguments of one tool are not all tracked (each key once, required ones present);",
+        "#   string lengths, patterns and formats, number bounds and allOf/not/if in JSON values.",
+    )
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -72,8 +78,8 @@ class _Gbnf(_Ebnf):
         self.markers = sorted({m for m in plan.d.markers.all() if m})
         self.safe_done: dict[tuple[str, tuple[str, ...], bool], str] = {}
 
-    def rule(self, name: str, body: str) -> None:
-        self.rules.append(f"{_names(name)} ::= {_names(body)}")
+    def spell(self, name: str, body: str) -> str:
+        return f"{_names(name)} ::= {_names(body)}"
 
     def lit(self, s: str) -> str:
         if any(m in s for m in self.markers):
@@ -128,13 +134,8 @@ class _Gbnf(_Ebnf):
     def text_opt(self) -> str:
         return self.safe("text")
 
-    def fragment_support(self) -> None:
-        self.rule("m_open", self.o)
-        self.rule("m_close", self.c)
-        self.rule("m_sep", self.s)
-        self.rule("body_text", self.text_opt())
-        self.rule("attr_value", self.safe("attr", '"&', _ENTITIES))
-        self.rule("attr_value1", "attr-1")
+    def attr_values(self) -> tuple[str, str]:
+        return self.safe("attr", '"&', _ENTITIES), "attr-1"
 
     def fragment_body(self, body: list[str]) -> str:
         # A plugin's literals are JSON strings: GBNF knows fewer escapes.
@@ -143,7 +144,7 @@ class _Gbnf(_Ebnf):
     def argument(self, rule: str, key_expr: str, v: Any) -> None:
         # The xgrammar writer spells a key the schema does not list as
         # attribute characters, which here must not spell a marker either.
-        free = '([^"&] | "&amp;" | "&quot;")*'
+        free = f"{ATTR_TEXT}*"
         if free in key_expr:
             key_expr = key_expr.replace(free, self.safe("attr", '"&', _ENTITIES))
         super().argument(rule, key_expr, v)
@@ -158,19 +159,3 @@ class _Gbnf(_Ebnf):
                     inner = self.safe("jstr", '"\\', _JSON_ESCAPES, controls=False)
                     v = f'"\\"" {inner} "\\""'
                 self.rule(k, v)
-
-    def write(self) -> str:
-        start = self.channels()
-        extra = [
-            "# Load: llama.cpp's grammar sampler (the /completion field \"grammar\", or --grammar-file).",
-            "# GBNF cannot express, so this grammar admits more or less than the llguidance export:",
-            "#   text bodies, attribute values and JSON strings spell no marker (GBNF negates one token id",
-            "#   at a time, so markers are kept out by their spelling): text that spells one is refused;",
-            "#   special tokens of the vocabulary that are not the template's markers are admitted as text;",
-            "#   keys an argument schema does not list are not told apart from listed ones;",
-            f"#   more than {TRACKED} arguments of one tool are not all tracked "
-            "(each key once, required ones present);",
-            "#   string lengths, patterns and formats, number bounds and allOf/not/if in JSON values.",
-        ]
-        head = self.header("gbnf", extra)
-        return head + "\n".join([f"root ::= {_names(start)}", *self.rules]) + "\n"

@@ -14,10 +14,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ...errors import OptionError
 from ...markup.header import escape
-from .plan import Plan, deep_schemas_refused
-from .schema import StringForm, Tool, Value, has_properties, restricted
+from .plan import Plan
+from .schema import StringForm, Tool, Value, has_properties, resolve_ref, restricted
 from .writer import GrammarWriter
 
 __all__ = ["TRACKED", "write"]
@@ -31,10 +30,7 @@ may repeat."""
 
 def write(plan: Plan) -> str:
     """The plan (made for ``llguidance``) as Lark text."""
-    if plan.format != "llguidance":
-        raise OptionError(f"this plan's markers are spelled for {plan.format}, not llguidance", option="format")
-    with deep_schemas_refused():
-        return _Lark(plan).write()
+    return _Lark.grammar(plan)
 
 
 def _id_ranges(ids: list[int]) -> str:
@@ -156,28 +152,15 @@ _BIG_NUMBER = "([1-9][0-9]{17,4299}|[1-9][0-9]{17,307}\\.[0-9]+)"
 _JSON_KEY = '/"([^"\\\\\\x00-\\x1f]|\\\\["\\\\bfnrt]|\\\\u00(0[0-7bef]|1[0-9a-f]))*"/'
 
 
-def _target(ref: Any, root: Any) -> Any:
-    """What local reference ``ref`` points at in ``root``, or None."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return None
-    node = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _may_hold_numbers(s: Any) -> bool:
     return not (isinstance(s, Mapping) and s.get("type") in ("string", "boolean", "null"))
 
 
 class _Lark(GrammarWriter):
-    comment = "//"
+    syntax = "llguidance"
+    start = "start"
+    preamble = "%llguidance {}\n"
+    load = ("// Load: llguidance.LLMatcher(tokenizer, this text) (or grammar_from(\"lark\", this text)).",)
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -186,8 +169,8 @@ class _Lark(GrammarWriter):
         self.uses_json = False
         self.json_rules: dict[str, str] = {}
 
-    def rule(self, name: str, body: str) -> None:
-        self.rules.append(f"{name}: {body}")
+    def spell(self, name: str, body: str) -> str:
+        return f"{name}: {body}"
 
     def lit(self, s: str) -> str:
         return _lark_str(s)
@@ -211,14 +194,9 @@ class _Lark(GrammarWriter):
         self.terminals["WS"] = "/[ \\t\\r\\n]+/"
         return f"WS? {self.json_ref(self.p.response_schema)} WS?"
 
-    def fragment_support(self) -> None:
-        self.rule("m_open", self.o)
-        self.rule("m_close", self.c)
-        self.rule("m_sep", self.s)
-        self.rule("body_text", self.text_opt())
+    def attr_values(self) -> tuple[str, str]:
         self.terminals["ATTR"] = '/([^"&]|&amp;|&quot;)+/'
-        self.rule("attr_value", "ATTR?")
-        self.rule("attr_value1", "ATTR")
+        return "ATTR?", "ATTR"
 
     def calls(self) -> str:
         p = self.p
@@ -318,7 +296,7 @@ class _Lark(GrammarWriter):
             return self.llg_json(s, root, whole=True, only=only)
         own = [k for k in s if k not in _ANNOTATIONS]
         if "$ref" in s:
-            target = _target(s["$ref"], root)
+            target = resolve_ref(s["$ref"], root)
             ref = s["$ref"]
             if not (isinstance(ref, str) and ref.startswith("#")):
                 return self.plain_json(only or "value")  # not of this schema: any value, as everywhere
@@ -531,9 +509,7 @@ class _Lark(GrammarWriter):
             self.rule("j_array", '"[" JWS? (j_value JWS? ("," JWS? j_value JWS?)*)? "]"')
         return f"j_{jtype}"
 
-    def write(self) -> str:
-        start = self.channels()
-        extra = ["// Load: llguidance.LLMatcher(tokenizer, this text) (or grammar_from(\"lark\", this text))."]
+    def finish(self) -> list[str]:
         if self.uses_json:
             self.notes.append("inside JSON strings llguidance refuses a raw DEL (U+007F), which JSON allows")
         if "NUMBER" in self.terminals or any(k.startswith("EXP_") for k in self.terminals):
@@ -546,6 +522,4 @@ class _Lark(GrammarWriter):
             self.notes.append("JSON objects (nested argument values, json blocks, JSON answers) take their "
                               "properties in the schema's order (as llguidance's JSON does); keys a schema does not "
                               "list are spelled as Python's JSON writes them (\\u escapes of control characters only)")
-        head = self.header("llguidance", extra)
-        terms = [f"{k}: {v}" for k, v in self.terminals.items()]
-        return "%llguidance {}\n" + head + "\n".join([f"start: {start}", *self.rules, *terms]) + "\n"
+        return [f"{k}: {v}" for k, v in self.terminals.items()]

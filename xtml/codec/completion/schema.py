@@ -131,10 +131,12 @@ def _value(schema: Any, root: Any, notes: list[str], where: str) -> Value:
     return Value(schema, root, strings, others)
 
 
-def deref(s: Mapping[str, Any], root: Any) -> Any:
-    ref = s.get("$ref")
+def resolve_ref(ref: Any, root: Any) -> Any:
+    """What the local reference ``ref`` (``#/$defs/x``, JSON-pointer
+    escapes read) points at in ``root``; None when it is not local or
+    points nowhere."""
     if not isinstance(ref, str) or not ref.startswith("#"):
-        return True
+        return None
     node = root
     for part in [p for p in ref[1:].split("/") if p]:
         part = part.replace("~1", "/").replace("~0", "~")
@@ -143,8 +145,15 @@ def deref(s: Mapping[str, Any], root: Any) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return True
+            return None
     return node
+
+
+def deref(s: Mapping[str, Any], root: Any) -> Any:
+    """The schema ``s``'s ``$ref`` points at; any value (True) when it
+    points nowhere this schema holds."""
+    node = resolve_ref(s.get("$ref"), root)
+    return True if node is None else node
 
 
 def json_type(v: Any) -> str:

@@ -6,20 +6,47 @@ and JSON values its own way."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar
 
+from ...errors import OptionError
 from ...markup.header import escape
-from .plan import FRAGMENT_NAMES, Plan, fragment_rules
+from .plan import FRAGMENT_NAMES, Plan, deep_schemas_refused, fragment_rules
 from .schema import TEXT_TYPES, StringForm, Tool, Value
 
-__all__ = ["GrammarWriter"]
+__all__ = ["GrammarWriter", "writing"]
+
+
+@contextmanager
+def writing(plan: Plan, syntax: str) -> Iterator[None]:
+    """Where a plan is written in ``syntax``: refuses a plan whose markers
+    are spelled for another, and schemas nested too deeply to write."""
+    if plan.format != syntax:
+        raise OptionError(f"this plan's markers are spelled for {plan.format}, not {syntax}", option="format")
+    with deep_schemas_refused():
+        yield
 
 
 class GrammarWriter(ABC):
-    """What both syntaxes share: the plan walked channel by channel."""
+    """What the syntaxes share: the plan walked channel by channel, and the
+    grammar's text laid out as header, start rule, rules."""
 
-    comment = "//"
+    syntax: ClassVar[str]
+    """The plan format this writer spells (``Plan.format``)."""
+    comment: ClassVar[str] = "//"
+    start: ClassVar[str]
+    """The name of the rule a grammar starts from in this syntax."""
+    preamble: ClassVar[str] = ""
+    """What the text starts with, before the header."""
+    load: ClassVar[tuple[str, ...]] = ()
+    """Header lines after the summary: how to load the grammar, what the syntax cannot express."""
+
+    @classmethod
+    def grammar(cls, plan: Plan) -> str:
+        """The plan as this syntax's grammar text."""
+        with writing(plan, cls.syntax):
+            return cls(plan).write()
 
     def __init__(self, plan: Plan) -> None:
         self.p = plan
@@ -33,9 +60,13 @@ class GrammarWriter(ABC):
         self.calls_ref = ""
         self.elements_ref = ""
 
-    @abstractmethod
     def rule(self, name: str, body: str) -> None:
         """Define rule ``name`` as ``body``."""
+        self.rules.append(self.spell(name, body))
+
+    @abstractmethod
+    def spell(self, name: str, body: str) -> str:
+        """The definition of rule ``name`` as ``body``, one line."""
 
     @abstractmethod
     def lit(self, s: str) -> str:
@@ -47,10 +78,26 @@ class GrammarWriter(ABC):
     def close_tag(self, tag: str) -> str:
         return f"{self.c} {self.lit(tag)} {self.s}"
 
-    def header(self, what: str, extra: Iterable[str] = ()) -> str:
+    def write(self) -> str:
+        """The grammar's text: header, start rule, rules, then what
+        :meth:`finish` adds."""
+        start = self.channels()
+        tail = self.finish()
+        return self.preamble + self.header() + self.listing(start, tail)
+
+    def listing(self, start: str, tail: Iterable[str] = ()) -> str:
+        """The rules, the start rule (of expression ``start``) first."""
+        return "\n".join([self.spell(self.start, start), *self.rules, *tail]) + "\n"
+
+    def finish(self) -> list[str]:
+        """Called once the rules are written: adds the last notes, and
+        returns the lines that follow the rules."""
+        return []
+
+    def header(self) -> str:
         c = self.comment
-        lines = [f"{c} xtml completion grammar ({what}): {self.p.summary}",
-                 f"{c} Markers are special-token references; text never matches them.", *extra]
+        lines = [f"{c} xtml completion grammar ({self.syntax}): {self.p.summary}",
+                 f"{c} Markers are special-token references; text never matches them.", *self.load]
         lines += [f"{c} limit: {x}" for x in dict.fromkeys(self.notes)]
         return "\n".join(lines) + "\n"
 
@@ -128,9 +175,20 @@ class GrammarWriter(ABC):
     def json_response(self) -> str:
         """An expression for the response's JSON answer, of ``response_schema``."""
 
-    @abstractmethod
     def fragment_support(self) -> None:
         """Define the shared rules plugins' fragments use (:data:`FRAGMENT_NAMES`)."""
+        self.rule("m_open", self.o)
+        self.rule("m_close", self.c)
+        self.rule("m_sep", self.s)
+        self.rule("body_text", self.text_opt())
+        any_value, some_value = self.attr_values()
+        self.rule("attr_value", any_value)
+        self.rule("attr_value1", some_value)
+
+    @abstractmethod
+    def attr_values(self) -> tuple[str, str]:
+        """Expressions for an attribute's value (escaped as a header
+        escapes it): any, and one that is not empty."""
 
     @abstractmethod
     def calls(self) -> str:

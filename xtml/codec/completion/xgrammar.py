@@ -10,8 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ...errors import OptionError
-from .plan import Plan, deep_schemas_refused
+from .plan import Plan
 from .schema import ALL_TYPES, StringForm, Tool, Value, deref, json_type, json_types
 from .writer import GrammarWriter
 
@@ -26,10 +25,7 @@ fit, and the other keys may repeat."""
 
 def write(plan: Plan) -> str:
     """The plan (made for ``xgrammar``, with a tokenizer) as EBNF."""
-    if plan.format != "xgrammar":
-        raise OptionError(f"this plan's markers are spelled for {plan.format}, not xgrammar", option="format")
-    with deep_schemas_refused():
-        return _Ebnf(plan).write()
+    return _Ebnf.grammar(plan)
 
 
 def _ebnf_str(s: str) -> str:
@@ -86,8 +82,24 @@ _JSON_RULES = {
 }
 
 
+ATTR_TEXT = '([^"&] | "&amp;" | "&quot;")'
+"""One character of an attribute's value (escaped as a header escapes it)."""
+
+
 class _Ebnf(GrammarWriter):
+    syntax = "xgrammar"
     comment = "#"
+    start = "root"
+    load = (
+        "# Load: xgrammar.Grammar.from_ebnf(this text) (root rule: root).",
+        "# xgrammar's EBNF cannot express, so this grammar admits more than the llguidance export:",
+        "#   keys an argument schema does not list are not told apart from listed ones;",
+        f"#   more than {TRACKED} arguments of one tool are not all tracked (each key once, required ones present);",
+        "#   string lengths, patterns and formats, number bounds and allOf/not/if in JSON values;",
+        "#   free text excludes the vocabulary's special tokens at the token level, but attribute values",
+        "#   and JSON are character-level: whether a special token's text can match them depends on",
+        "#   how the engine's TokenizerInfo lists special tokens.",
+    )
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
@@ -95,8 +107,8 @@ class _Ebnf(GrammarWriter):
         self.used: set[str] = set()
         self.schemas: dict[str, str] = {}
 
-    def rule(self, name: str, body: str) -> None:
-        self.rules.append(f"{name} ::= {body}")
+    def spell(self, name: str, body: str) -> str:
+        return f"{name} ::= {body}"
 
     def lit(self, s: str) -> str:
         return _ebnf_str(s)
@@ -113,13 +125,8 @@ class _Ebnf(GrammarWriter):
     def json_response(self) -> str:
         return f"json_ws {self.json_schema(self.p.response_schema, self.p.response_schema, None)} json_ws"
 
-    def fragment_support(self) -> None:
-        self.rule("m_open", self.o)
-        self.rule("m_close", self.c)
-        self.rule("m_sep", self.s)
-        self.rule("body_text", self.text_opt())
-        self.rule("attr_value", '([^"&] | "&amp;" | "&quot;")*')
-        self.rule("attr_value1", '([^"&] | "&amp;" | "&quot;")+')
+    def attr_values(self) -> tuple[str, str]:
+        return f"{ATTR_TEXT}*", f"{ATTR_TEXT}+"
 
     def calls(self) -> str:
         p = self.p
@@ -141,7 +148,7 @@ class _Ebnf(GrammarWriter):
             if k not in bit:
                 free_alts.append(f"arg_t{i}_{k} args_t{i}_S")
         if t.extra is not None:
-            key = '([^"&] | "&amp;" | "&quot;")* ' + self.lit('" ' + self.n["type"] + '="')
+            key = f"{ATTR_TEXT}* " + self.lit('" ' + self.n["type"] + '="')
             self.argument(f"arg_t{i}_x", key, t.extra)
             free_alts.append(f"arg_t{i}_x args_t{i}_S")
             self.notes.append(f"tool {t.name!r}: keys the schema does not list may repeat or spell a listed key")
@@ -291,19 +298,3 @@ class _Ebnf(GrammarWriter):
                 self.rule(f"{base}_after{k}", f"({sep} {m})? {base}_after{k + 1}")
                 self.rule(f"{base}_first{k}", f"{m} {base}_after{k + 1} | {base}_first{k + 1}")
         return f'("{{" json_ws {base}_first0 json_ws "}}")'
-
-    def write(self) -> str:
-        start = self.channels()
-        extra = [
-            "# Load: xgrammar.Grammar.from_ebnf(this text) (root rule: root).",
-            "# xgrammar's EBNF cannot express, so this grammar admits more than the llguidance export:",
-            "#   keys an argument schema does not list are not told apart from listed ones;",
-            f"#   more than {TRACKED} arguments of one tool are not all tracked "
-            "(each key once, required ones present);",
-            "#   string lengths, patterns and formats, number bounds and allOf/not/if in JSON values;",
-            "#   free text excludes the vocabulary's special tokens at the token level, but attribute values",
-            "#   and JSON are character-level: whether a special token's text can match them depends on",
-            "#   how the engine's TokenizerInfo lists special tokens.",
-        ]
-        head = self.header("xgrammar", extra)
-        return head + "\n".join([f"root ::= {start}", *self.rules]) + "\n"

@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...errors import OptionError
-from .plan import Plan, deep_schemas_refused, marker_id
+from .plan import Plan, marker_id
+from .writer import writing
 from .xgrammar import TRACKED, _Ebnf
 
 __all__ = ["write"]
@@ -39,9 +39,7 @@ Format = dict[str, Any]
 def write(plan: Plan) -> str:
     """The plan (made for ``xgrammar-tag``, with a tokenizer) as a structural
     tag, JSON text."""
-    if plan.format != "xgrammar-tag":
-        raise OptionError(f"this plan's markers are spelled for {plan.format}, not xgrammar-tag", option="format")
-    with deep_schemas_refused():
+    with writing(plan, "xgrammar-tag"):
         w = _Tag(plan)
         tag = w.tag()
         tag["xtml"] = {"summary": f"xtml completion grammar (xgrammar structural tag): {plan.summary}",
@@ -120,7 +118,7 @@ class _Tag:
         w.notes = []
         start = w.calls() if what == "calls" else w.response("text")
         self.notes += w.notes
-        return {"type": "grammar", "syntax": "ebnf", "grammar": "\n".join([f"root ::= {start}", *w.rules]) + "\n"}
+        return {"type": "grammar", "syntax": "ebnf", "grammar": w.listing(start)}
 
     def limits(self) -> list[str]:
         out = list(dict.fromkeys(self.notes))

@@ -165,6 +165,8 @@ function tokenEl(tok, info) {
   return el;
 }
 
+let infoHint = ""; // what the info line says before a token is pointed at
+
 function showInfo(el) {
   const info = infos.get(el);
   if (info) $("info").textContent = info;
@@ -181,15 +183,36 @@ function sourceName(msg) {
   return msg.last && msg.role.startsWith("assistant") ? "the generation prompt" : "written by the template";
 }
 
+// A view whose inputs no longer compute keeps its last result on screen, marked
+// out of date, so that a typo in the request does not blank what was being read.
+const STALE_SOURCE = { "request-error": "the request", "completion-error": "the completion",
+  "template-error": "the template" };
+
+function markStale(views, error) {
+  for (const v of views) {
+    const panel = $(`panel-${v}`);
+    const note = panel.querySelector(".stale-note");
+    panel.classList.toggle("stale", Boolean(error));
+    note.hidden = !error;
+    note.textContent = error
+      ? `Out of date: ${STALE_SOURCE[errorBox(error)]} has an error (shown under it); this is the last result that worked.`
+      : "";
+  }
+}
+
+function errorBox(error) {
+  return error.field === "template" ? "template-error"
+    : ["completion", "from", "delta", "position", "thinking"].includes(error.field) ? "completion-error"
+      : "request-error";
+}
+
 function clearError(id) {
   $(id).hidden = true;
   $(id).textContent = "";
 }
 
 function showError(error) {
-  const box = error.field === "template" ? "template-error"
-    : ["completion", "from", "delta", "position", "thinking"].includes(error.field) ? "completion-error"
-      : "request-error";
+  const box = errorBox(error);
   const where = error.line ? ` (line ${error.line}, column ${error.column})` : "";
   $(box).textContent = error.message + (error.message.includes("line ") ? "" : where);
   $(box).hidden = false;
@@ -206,6 +229,7 @@ async function computeRender() {
   clearError("request-error");
   clearError("template-error");
   $("request").classList.remove("bad");
+  markStale(["render", "training"], error);
   if (error) {
     showError(error);
     return;
@@ -325,6 +349,7 @@ async function computeParse() {
   const { data, error } = await api("/api/parse", completionBody());
   if (n !== latest.parse) return;
   clearError("completion-error");
+  markStale(["parse"], error);
   if (error) {
     showError(error);
     return;
@@ -400,6 +425,16 @@ function drawMessage(box, message) {
   box.replaceChildren(dl);
 }
 
+// One line of JSON with a space after each comma and colon: a narrow column
+// wraps it between values, not inside a word.
+function spaced(value) {
+  if (Array.isArray(value)) return `[${value.map(spaced).join(", ")}]`;
+  if (value !== null && typeof value === "object") {
+    return `{${Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${spaced(v)}`).join(", ")}}`;
+  }
+  return JSON.stringify(value);
+}
+
 // -- stream ------------------------------------------------------------------------------
 
 async function computeStream() {
@@ -408,6 +443,7 @@ async function computeStream() {
   const { data, error } = await api("/api/stream", body);
   if (n !== latest.stream) return;
   clearError("completion-error");
+  markStale(["stream"], error);
   if (error) {
     showError(error);
     return;
@@ -447,11 +483,11 @@ function drawStep() {
   for (const e of s.events) {
     const li = document.createElement("li");
     const { type, ...rest } = e;
-    li.textContent = `${type} ${JSON.stringify(rest)}`;
+    li.textContent = `${type} ${spaced(rest)}`;
     events.append(li);
   }
   if (!s.events.length) events.append(Object.assign(document.createElement("li"), { textContent: "(none)", className: "none" }));
-  $("chunks").textContent = s.chunks.length ? s.chunks.map((c) => JSON.stringify(c)).join("\n") : "(none)";
+  $("chunks").textContent = s.chunks.length ? s.chunks.map(spaced).join("\n") : "(none)";
   $("step-back").disabled = step <= 0;
   $("step-next").disabled = step >= total - 1;
   $("step-end").disabled = step >= total - 1;
@@ -467,6 +503,7 @@ async function computeGrammar() {
   if (n !== latest.grammar) return;
   clearError("completion-error");
   clearError("request-error");
+  markStale(["grammar"], error);
   if (error) {
     if (error.field === "position") {
       state.position = 0;
@@ -538,6 +575,8 @@ function refresh() {
 }
 
 function selectTab(name, focus) {
+  // The info line described a token of the view being left.
+  if (name !== state.tab) $("info").textContent = infoHint;
   state.tab = name;
   for (const v of VIEWS) {
     const tab = $(`tab-${v}`);
@@ -586,6 +625,7 @@ function applyState(saved) {
   step = 0;
   allowedOffset = 0;
   dirty = new Set(VIEWS);
+  $("info").textContent = infoHint;
   selectTab(VIEWS.includes(state.tab) ? state.tab : "render", false);
 }
 
@@ -737,6 +777,7 @@ function wire() {
 
 async function start() {
   apiKey = takeKey();
+  infoHint = $("info").textContent;
   wire();
   const { data, error } = await api("/api/info");
   if (error) {

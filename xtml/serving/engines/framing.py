@@ -21,18 +21,24 @@ once, so that a read's events are parsed in one pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
-import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
-from ...chat.request import surrogate_in
-from ...errors import RequestError, XtmlError, shown
+from ...errors import PeerError
+from ...plugins.jsonfmt import read
 from ..client import Client, ConnectError, ProtocolError, Response, Timeout, TransportError
+from ..sampling import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS  # its former home
+from ..sampling import MAX_N as MAX_N  # its former home
+from ..sampling import MAX_STOP as MAX_STOP  # its former home
+from ..sampling import MAX_STOP_CHARS as MAX_STOP_CHARS  # its former home
+from ..sampling import MAX_STOP_IDS as MAX_STOP_IDS  # its former home
+from ..sampling import sampling as sampling  # its former home
 
 __all__ = [
     "MAX_LOGIT_BIAS",
@@ -127,10 +133,11 @@ class EventSplitter:
         return [data]
 
 
-class BackendError(XtmlError):
+class BackendError(PeerError):
     """The backend failed: ``status`` is what the gateway answers (502, 504,
     or 400 when the engine refused the request), ``code`` a short name for
-    the cause."""
+    the cause. A :class:`~xtml.errors.PeerError`: the engine's fault, not
+    the caller's (even a 400 is the engine's refusal, passed on)."""
 
     def __init__(self, msg: str, *, status: int = 502, code: str = "backend_error",
                  location: str | None = None) -> None:
@@ -143,135 +150,6 @@ def garbage(msg: str, where: str) -> BackendError:
     """An answer, at ``where``, that is not in the engine's format."""
     return BackendError(f"the backend's answer is not what it should send: {msg}", code="backend_invalid_response",
                         location=where)
-
-
-# -- sampling fields -------------------------------------------------------------------
-
-# The most a request may list. Each engine works through these on every
-# token it generates (vLLM tries every stop string against the new text,
-# and scans the stop ids), and the gateway holds back and searches text for
-# every stop string: a request must not make every token cost what it
-# chooses. OpenAI takes 4 stop sequences and 300 logit_bias entries.
-MAX_STOP = 16
-"""Stop sequences in ``stop``."""
-MAX_STOP_CHARS = 1024
-"""Characters in one stop sequence: the gateway holds back up to that much
-text of a stream and searches it again with each token."""
-MAX_STOP_IDS = 64
-"""Ids in ``stop_token_ids``."""
-MAX_LOGIT_BIAS = 300
-"""Entries in ``logit_bias``."""
-MAX_N = 16
-"""Choices in ``n``: each is generated, read and parsed."""
-
-_NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-_INTS = ("top_k", "seed", "max_tokens", "min_tokens")
-_INT64 = (-(2**63), 2**63 - 1)
-
-
-def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
-    """The sampling fields of a chat-completions body, checked: numbers are
-    numbers, counts are integers, token ids (``stop_token_ids``, the keys of
-    ``logit_bias``) are below ``vocab_size``, ``stop`` is a string or a list of them,
-    ``max_completion_tokens`` (which wins) and ``max_tokens`` are one
-    ``max_tokens``. Lists are bounded (:data:`MAX_STOP` sequences of
-    :data:`MAX_STOP_CHARS` characters, :data:`MAX_STOP_IDS` stop ids,
-    :data:`MAX_LOGIT_BIAS` biases). Fields left out or null are not in the result.
-    ``n`` (1 to :data:`MAX_N`) is there when above 1. No log probabilities:
-    the gateway cannot return them, and silently dropping them would answer
-    something else than was asked. Bad values raise :class:`RequestError` naming the
-    field."""
-    out: dict[str, Any] = {}
-    for k in _NUMBERS:
-        v = body.get(k)
-        if v is not None:
-            # Python's JSON reader takes NaN and Infinity, which no engine's
-            # JSON parser does: the engine would refuse the whole body.
-            if type(v) not in (int, float) or not math.isfinite(v):
-                raise RequestError(f"{k} must be a finite number", location=k)
-            out[k] = v
-    for k in _INTS:
-        v = body.get(k)
-        if v is not None:
-            if type(v) is not int:
-                raise RequestError(f"{k} must be an integer", location=k)
-            if not _INT64[0] <= v <= _INT64[1]:
-                # Engines read these into 64-bit integers (vLLM's seed field
-                # is bounded so); past that the engine refuses the body.
-                raise RequestError(f"{k} must fit in 64 bits", location=k)
-            out[k] = v
-    mct = body.get("max_completion_tokens")
-    if mct is not None:
-        if type(mct) is not int:
-            raise RequestError("max_completion_tokens must be an integer", location="max_completion_tokens")
-        if not _INT64[0] <= mct <= _INT64[1]:
-            raise RequestError("max_completion_tokens must fit in 64 bits", location="max_completion_tokens")
-        out["max_tokens"] = mct
-    mt = out.get("max_tokens")
-    if mt is not None and mt < 1:
-        raise RequestError("max_tokens must be at least 1", location="max_completion_tokens"
-                           if mct is not None else "max_tokens")
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise RequestError("stop must be a string or a list of strings", location="stop")
-        if len(stop) > MAX_STOP:
-            raise RequestError(f"stop holds {len(stop)} sequences: at most {MAX_STOP} are taken", location="stop")
-        for j, s in enumerate(stop):
-            if len(s) > MAX_STOP_CHARS:
-                raise RequestError(f"a stop sequence of {len(s):,} characters: at most {MAX_STOP_CHARS:,} are taken",
-                                   location=f"stop[{j}]" if isinstance(body.get("stop"), list) else "stop")
-        # The one text of the request that goes to the engine as it came:
-        # UTF-8 cannot write a lone surrogate, so the body could not be sent.
-        hit = surrogate_in(stop, "stop")
-        if hit is not None:
-            raise RequestError(hit[1], location=hit[0] if isinstance(body.get("stop"), list) else "stop")
-        if stop:
-            out["stop"] = stop
-    ids = body.get("stop_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
-            raise RequestError("stop_token_ids must be a list of token ids", location="stop_token_ids")
-        if len(ids) > MAX_STOP_IDS:
-            raise RequestError(f"stop_token_ids holds {len(ids)} ids: at most {MAX_STOP_IDS} are taken",
-                               location="stop_token_ids")
-        for j, i in enumerate(ids):
-            if i >= vocab_size:
-                raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
-        out["stop_token_ids"] = ids
-    ignore = body.get("ignore_eos")
-    if ignore is not None:
-        if type(ignore) is not bool:
-            raise RequestError("ignore_eos must be true or false", location="ignore_eos")
-        out["ignore_eos"] = ignore
-    bias = body.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, Mapping):
-            raise RequestError("logit_bias must map token ids to numbers", location="logit_bias")
-        if len(bias) > MAX_LOGIT_BIAS:
-            raise RequestError(f"logit_bias holds {len(bias)} entries: at most {MAX_LOGIT_BIAS} are taken",
-                               location="logit_bias")
-        for k, b in bias.items():
-            if not (isinstance(k, str) and k.isascii() and k.isdigit()):
-                raise RequestError(f"logit_bias keys are token ids, not {shown(k)}", location="logit_bias")
-            if len(k) > len(str(vocab_size)) or int(k) >= vocab_size:  # the length first: int() of 5,000 digits fails
-                raise RequestError(f"{shown(k)} is not a token id of this tokenizer",
-                                   location=f"logit_bias[{shown(k)}]")
-            if type(b) not in (int, float) or not math.isfinite(b):
-                raise RequestError(f"logit_bias[{shown(k)}] must be a finite number", location="logit_bias")
-        if bias:
-            out["logit_bias"] = dict(bias)
-    n = body.get("n")
-    if n is not None:
-        if type(n) is not int or not 1 <= n <= MAX_N:
-            raise RequestError(f"n must be a whole number from 1 to {MAX_N}", location="n")
-        if n > 1:
-            out["n"] = n
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise RequestError("this server returns no log probabilities", location="logprobs")
-    return out
 
 
 @dataclass(slots=True)
@@ -451,8 +329,8 @@ class Backend:
         if status != 200:
             raise status_error(status, content, self.url)
         try:
-            data = json.loads(content)
-        except (ValueError, RecursionError):
+            data = read(content)
+        except ValueError:
             raise garbage(f"not JSON: {content[:200]!r}", "body") from None
         if isinstance(data, Mapping) and data.get("error"):
             raise BackendError(f"the backend failed: {_message(data)}", code="backend_error")
@@ -466,7 +344,28 @@ class Backend:
         several when it falls behind, so that its work per read, not per
         event, is what a busy gateway pays. Closing the iterator early
         closes the connection, which cancels the engine's request."""
-        reader = self.reader(gen)
+        async with contextlib.aclosing(self._read(gen, [self.reader(gen)])) as pieces:
+            async for got in pieces:
+                _, ids, finish = got[0]
+                yield ids, finish
+
+    def stream_n(self, gen: Generation, choices: list[Generation]) -> AsyncGenerator[list[Choice], None]:
+        """The choices of the answer to ``gen`` as they are generated, each
+        read with its own state (``choices``: ``[gen]`` for one, else one
+        :func:`one_choice` each): one stream when there is one choice or the
+        engine takes ``n`` (its events say which choice they are of), else
+        one stream per choice at once. Each item holds the pieces that had
+        arrived, as ``(index, new ids, finish reason)``; a choice's last
+        piece has its finish reason."""
+        if len(choices) > 1 and not self.takes_n:
+            return _merged([self._read(c, [self.reader(c)]) for c in choices])
+        return self._read(gen, [self.reader(c) for c in choices])
+
+    async def _read(self, gen: Generation, readers: list[EventReader]) -> AsyncGenerator[list[Choice], None]:
+        """The one read loop of a stream: each read's events, as the pieces
+        of the choices they are of (one reader: its ids of the read joined in
+        one piece). Ends when the engine says every choice finished; closing
+        it early closes the connection, which cancels the engine's request."""
         if not self.ready:
             await self._ready()
         try:
@@ -474,6 +373,8 @@ class Backend:
         except TransportError as e:
             raise transport_error(e, self.url) from None
         ended = False
+        finished: set[int] = set()
+        index_of = self.index_of if len(readers) > 1 else None
         try:
             if resp.status != 200:
                 raise status_error(resp.status, await _read_capped(resp), self.url)
@@ -485,9 +386,9 @@ class Backend:
                     raise transport_error(e, self.url) from None
                 found = events.feed(chunk) if chunk else events.end()
                 if found:
-                    ids, finish, ended, failure = _read_events(reader, found)
-                    if ids or finish is not None:
-                        yield ids, finish
+                    got, ended, failure = _read_events(readers, finished, found, index_of)
+                    if got:
+                        yield got
                     if failure is not None:
                         raise failure
                     if ended:
@@ -495,67 +396,6 @@ class Backend:
                 if not chunk:
                     break
             # A stream ends with [DONE], or with the engine's last event.
-            raise BackendError("the backend's stream ended before the engine said it finished",
-                               code="backend_connection_lost")
-        finally:
-            if ended:
-                await resp.finish(min(_FINISH, self.client.timeout))
-            else:
-                resp.close()
-
-    async def stream_n(self, gen: Generation, choices: list[Generation]) -> AsyncGenerator[list[Choice], None]:
-        """The ``n`` choices of the answer to ``gen`` as they are generated,
-        each read with its own state (``choices``, one :func:`one_choice`
-        each): one stream when the engine takes ``n`` (its events say which
-        choice they are of), else ``n`` streams at once. Each item holds the
-        pieces that had arrived, as ``(index, new ids, finish reason)``; a
-        choice's last piece has its finish reason."""
-        if not self.takes_n:
-            async for pieces in _merged([self.stream(c) for c in choices]):
-                yield pieces
-            return
-        readers = [self.reader(c) for c in choices]
-        if not self.ready:
-            await self._ready()
-        try:
-            resp = await self.client.send("POST", self.path, dumps(self.body(gen, True)))
-        except TransportError as e:
-            raise transport_error(e, self.url) from None
-        ended = False
-        finished: set[int] = set()
-        try:
-            if resp.status != 200:
-                raise status_error(resp.status, await _read_capped(resp), self.url)
-            events = EventSplitter()
-            while True:
-                try:
-                    chunk = await resp.read()
-                except TransportError as e:
-                    raise transport_error(e, self.url) from None
-                got: list[Choice] = []
-                for raw in events.feed(chunk) if chunk else events.end():
-                    data = _decode(raw)
-                    if data is None:
-                        ended = True
-                        break
-                    k = self.index_of(answer_object(data, "stream"))
-                    if not 0 <= k < len(readers):
-                        raise garbage(f"an event of choice {k} of {len(readers)}", "stream")
-                    if k in finished:
-                        continue
-                    piece = readers[k].read(data)
-                    if piece is None:
-                        continue
-                    got.append((k, *piece))
-                    if piece[1] is not None or readers[k].done:
-                        finished.add(k)
-                if got:
-                    yield got
-                if ended or len(finished) == len(readers):
-                    ended = True
-                    return
-                if not chunk:
-                    break
             raise BackendError("the backend's stream ended before the engine said it finished",
                                code="backend_connection_lost")
         finally:
@@ -575,9 +415,9 @@ class Backend:
                                status=503, code="backend_not_ready")
 
 
-async def _merged(streams: list[AsyncGenerator[Piece, None]]) -> AsyncGenerator[list[Choice], None]:
-    """Several streams as one, each piece with its stream's index, in the
-    order they arrive; closing it closes them all."""
+async def _merged(streams: list[AsyncGenerator[list[Choice], None]]) -> AsyncGenerator[list[Choice], None]:
+    """Several streams of one choice each as one, each piece with its
+    stream's index, in the order they arrive; closing it closes them all."""
     waiting = {asyncio.ensure_future(anext(s)): k for k, s in enumerate(streams)}
     try:
         while waiting:
@@ -586,7 +426,7 @@ async def _merged(streams: list[AsyncGenerator[Piece, None]]) -> AsyncGenerator[
             for task in sorted(done, key=waiting.__getitem__):
                 k = waiting.pop(task)
                 try:
-                    ids, finish = task.result()
+                    ((_, ids, finish),) = task.result()
                 except StopAsyncIteration:
                     continue
                 got.append((k, ids, finish))
@@ -612,29 +452,50 @@ def dumps(body: Any) -> bytes:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _read_events(reader: EventReader, events: list[bytes]) -> tuple[list[int], str | None, bool,
-                                                                      BackendError | None]:
-    """The ids of a read's events, the finish reason, whether the engine
-    said it finished, and the failure of a bad event (what came before it
-    is still the client's)."""
+def _read_events(readers: list[EventReader], finished: set[int], events: list[bytes],
+                 index_of: Callable[[Any], int] | None) -> tuple[list[Choice], bool, BackendError | None]:
+    """The pieces of a read's events (``index_of`` says which choice an
+    event is of, when there are several; one reader's ids are joined in one
+    piece), whether the engine said it finished (``[DONE]``, or every choice
+    its last piece: anything after that, a usage event, holds no ids), and
+    the failure of a bad event (what came before it is still the client's)."""
+    got: list[Choice] = []
     ids: list[int] = []
     finish: str | None = None
+    one = index_of is None
+    ended = False
     try:
         for raw in events:
             data = _decode(raw)
             if data is None:
-                return ids, finish, True, None
+                ended = True
+                break
+            k = 0 if index_of is None else index_of(answer_object(data, "stream"))
+            if not 0 <= k < len(readers):
+                raise garbage(f"an event of choice {k} of {len(readers)}", "stream")
+            if k in finished:
+                continue
+            reader = readers[k]
             piece = reader.read(data)
             if piece is None:
                 continue
-            ids += piece[0]
+            if one:
+                ids += piece[0]
+                finish = piece[1]
+            else:
+                got.append((k, *piece))
             if piece[1] is not None or reader.done:
-                # Anything after the engine's last piece (a usage event,
-                # [DONE]) holds no ids.
-                return ids, piece[1], True, None
+                finished.add(k)
+                if len(finished) == len(readers):
+                    ended = True
+                    break
     except BackendError as e:
-        return ids, None, False, e
-    return ids, finish, False, None
+        failure: BackendError | None = e
+    else:
+        failure = None
+    if one and (ids or finish is not None):
+        got.append((0, ids, finish))
+    return got, ended, failure
 
 
 class EventReader:
@@ -676,8 +537,8 @@ def _decode(data: bytes) -> Any:
     try:
         # Decoded first: json.loads of bytes guesses their encoding, on
         # every event.
-        return _loads(data.decode())
-    except (ValueError, RecursionError):
+        return read(data.decode(), _loads)
+    except ValueError:
         if data.strip() == b"[DONE]":
             return None
         raise garbage(f"an event that is not JSON: {data[:200]!r}", "stream") from None
@@ -712,8 +573,8 @@ def status_error(status: int, content: bytes, url: str) -> BackendError:
     """An answer with an HTTP ``status`` other than 200: 400 when the engine
     refused the request itself, else 502."""
     try:
-        msg = _message(json.loads(content))
-    except (ValueError, RecursionError):
+        msg = _message(read(content))
+    except ValueError:
         msg = content[:1000].decode("utf-8", "replace")
     if status in (400, 413, 422):
         # The engine refused the request itself (a prompt longer than its

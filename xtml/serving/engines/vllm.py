@@ -13,11 +13,11 @@ stream is ``data: {"error": {...}}``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ...plugins.jsonfmt import read
 from ..client import TransportError
 from .framing import (
     Backend,
@@ -77,8 +77,8 @@ class VLLM(Backend):
             raise status_error(status, content, self.url)
         self.ready = True
         try:
-            cards = json.loads(content)["data"] if status == 200 else []
-        except (ValueError, RecursionError, TypeError, KeyError):
+            cards = read(content)["data"] if status == 200 else []
+        except (ValueError, TypeError, KeyError):
             cards = []
         if not isinstance(cards, list):
             cards = []

@@ -1,0 +1,305 @@
+"""Reading a layout dialect file (``[template] engine = "layout"``) into a
+:class:`~.layout.LayoutDialect`, every problem with its dotted key path, and
+loading a dialect file of either kind.
+
+The checker it fills, the TOML reading and the locating of problems are the
+ones XTML files use (:mod:`.template_file`), which knows nothing of layout
+files but how to tell one (:func:`~.template_file.is_layout`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import TemplateError
+from .dialect import Dialect
+from .layout import DROP, EACH, HISTORY, REFUSE, STOP_MEANINGS, SYSTEM, LayoutDialect, RoleFrame, RoleLayout
+from .layout_pattern import MAX_TOKENS, Pattern
+from .template_file import Problem, check, check_toml, first_or, is_layout, read_template, run_checks
+
+__all__ = ["SECTIONS", "build_layout", "check_any", "check_any_text", "load_any_dialect"]
+
+SECTIONS = ("template", "tokens", "stop", "roles", "frame", "system", "content", "calls", "tools", "reasoning",
+            "prompt", "options")
+_TEMPLATE_KEYS = ("name", "description", "engine", "reference")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class Checker(Protocol):
+    """What this reader needs of the file checker (``template_file._Check``)."""
+
+    problems: list[Any]
+
+    def add(self, message: str, key: str, hint: str = "") -> None: ...
+
+    def keys(self, d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None: ...
+
+
+def _table(c: Checker, data: dict[str, Any], key: str, where: str = "", required: bool = False) -> dict[str, Any]:
+    here = f"{where}.{key}" if where else key
+    v = data.get(key)
+    if v is None:
+        if required:
+            c.add(f"missing [{here}] table", here, f"add a [{here}] table")
+        return {}
+    if not isinstance(v, dict):
+        c.add(f"{key!r} must be a table", here)
+        return {}
+    return v
+
+
+def _str(c: Checker, d: dict[str, Any], key: str, where: str, default: str | None = None) -> str | None:
+    v = d.get(key, default)
+    if v is None:
+        if default is None and key not in d:
+            c.add(f"missing key {key!r}", f"{where}.{key}", f"add {key} = <a string>")
+        return None
+    if not isinstance(v, str):
+        c.add(f"{key!r} must be a string", f"{where}.{key}")
+        return None
+    return v
+
+
+def _choice(c: Checker, d: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
+    v = d.get(key, default)
+    if v not in choices:
+        c.add(f"{key!r} must be one of {', '.join(map(repr, choices))}", f"{where}.{key}")
+        return default
+    assert isinstance(v, str)
+    return v
+
+
+def _strings(c: Checker, d: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+    v = d.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        c.add(f"{key!r} must be a list of non-empty strings", f"{where}.{key}")
+        return ()
+    return tuple(v)
+
+
+def _pattern(c: Checker, source: str | None, tokens: tuple[str, ...], slots: frozenset[str],
+             conds: frozenset[str], where: str, needs: tuple[str, ...] = ()) -> Pattern | None:
+    if source is None:
+        return None
+    try:
+        p = Pattern.compile(source, tokens, slots, conds, where)
+    except TemplateError as e:
+        c.add(e.msg, where)
+        return None
+    found = p.slots()
+    for s in needs:
+        if s not in found:
+            c.add(f"the pattern must hold {{{s}}}", where)
+    return p
+
+
+def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect | None:
+    """The dialect of a layout file's parsed TOML, or None with its problems
+    added to ``c``."""
+    c.keys(data, SECTIONS, "")
+    tpl = _table(c, data, "template", required=True)
+    c.keys(tpl, _TEMPLATE_KEYS, "template")
+    name = _str(c, tpl, "name", "template")
+    description = _str(c, tpl, "description", "template", "") or ""
+    ref = _table(c, tpl, "reference", "template")
+    c.keys(ref, ("template", "sha256"), "template.reference")
+    reference: dict[str, str] = {}
+    for k in ("template", "sha256"):
+        v = ref.get(k)
+        if v is not None:
+            if not isinstance(v, str) or (k == "sha256" and not _SHA256.fullmatch(v)):
+                c.add(f"{k!r} must be a string" + (" of 64 lowercase hex digits" if k == "sha256" else ""),
+                      f"template.reference.{k}")
+            else:
+                reference[k] = v
+
+    tk = _table(c, data, "tokens", required=True)
+    c.keys(tk, ("special", "added"), "tokens")
+    special = _strings(c, tk, "special", "tokens")
+    added = _strings(c, tk, "added", "tokens")
+    tokens = special + added
+    seen: set[str] = set()
+    for t in tokens:
+        if t in seen:
+            c.add(f"token {t!r} is listed twice", "tokens", "list each token once, as special or as added")
+        seen.add(t)
+    if len(tokens) > MAX_TOKENS:
+        c.add(f"more than {MAX_TOKENS} tokens", "tokens")
+
+    st = _table(c, data, "stop", required=True)
+    stops: dict[str, str] = {}
+    for t, meaning in st.items():
+        if t not in seen:
+            c.add(f"stop token {t!r} is not one of [tokens]", f"stop.{t}")
+        elif meaning not in STOP_MEANINGS:
+            c.add(f"the meaning of a stop token is one of {', '.join(map(repr, STOP_MEANINGS))}", f"stop.{t}")
+        else:
+            stops[t] = meaning
+    if not st:
+        c.add("a format needs at least one stop token", "stop")
+
+    op = _table(c, data, "options")
+    options: dict[str, bool] = {}
+    for k, v in op.items():
+        if not isinstance(v, dict) or v.get("type") != "bool" or not isinstance(v.get("default"), bool) \
+                or set(v) - {"type", "default"}:
+            c.add("an option is { type = \"bool\", default = true|false } (other types are not yet available)",
+                  f"options.{k}")
+        else:
+            options[k] = v["default"]
+    conds = frozenset(options)
+
+    fr = _table(c, data, "frame", required=True)
+    c.keys(fr, ("open", "close"), "frame")
+    frame_open = _pattern(c, _str(c, fr, "open", "frame"), tokens, frozenset({"role"}), conds, "frame.open",
+                          ("role",))
+    frame_close = _pattern(c, _str(c, fr, "close", "frame"), tokens, frozenset(), conds, "frame.close")
+
+    ro = _table(c, data, "roles", required=True)
+    c.keys(ro, ("accepted", "text", "body", "frame"), "roles")
+    accepted = _strings(c, ro, "accepted", "roles")
+    for r in ("system", "user", "assistant"):
+        if r not in accepted:
+            c.add(f"roles.accepted must include {r!r}", "roles.accepted")
+    texts = _table(c, ro, "text", "roles")
+    bodies = _table(c, ro, "body", "roles")
+    roles: dict[str, RoleLayout] = {}
+    by_text: dict[str, str] = {}
+    for key, tab in (("text", texts), ("body", bodies)):
+        for r in tab:
+            if r not in accepted:
+                c.add(f"{r!r} is not an accepted role", f"roles.{key}.{r}")
+    for r in accepted:
+        text = texts.get(r, r)
+        if not isinstance(text, str) or not text:
+            c.add("a role text is a non-empty string", f"roles.text.{r}")
+            continue
+        if text in by_text:
+            c.add(f"roles {by_text[text]!r} and {r!r} are both written {text!r}: parse could not tell them apart",
+                  f"roles.text.{r}")
+        by_text[text] = r
+        body_src = bodies.get(r, "{content}")
+        assistant = r == "assistant"
+        body = _pattern(c, body_src if isinstance(body_src, str) else None, tokens,
+                        frozenset({"content", "reasoning", "calls"} if assistant else {"content"}),
+                        conds | {"show_reasoning"} if assistant else conds, f"roles.body.{r}", ("content",))
+        if not isinstance(body_src, str):
+            c.add("a body is a pattern (a string)", f"roles.body.{r}")
+        if body is not None:
+            roles[r] = RoleLayout(r, text, body)
+
+    frames: dict[str, RoleFrame] = {}
+    for r, tab in _table(c, ro, "frame", "roles").items():
+        here = f"roles.frame.{r}"
+        if r not in accepted or not isinstance(tab, dict):
+            c.add(f"{r!r} is not an accepted role" if r not in accepted else "a role's frame is a table", here)
+            continue
+        c.keys(tab, ("open", "close", "group"), here)
+        group = tab.get("group", "none")
+        if group not in ("none", "run"):
+            c.add("group is \"run\" (messages of the role in a row share one frame) or \"none\"", f"{here}.group")
+        fo = _pattern(c, _str(c, tab, "open", here), tokens, frozenset({"role"}), conds, f"{here}.open")
+        fc = _pattern(c, _str(c, tab, "close", here), tokens, frozenset(), conds, f"{here}.close")
+        if fo is not None and fc is not None:
+            frames[r] = RoleFrame(fo, fc, group == "run")
+
+    sy = _table(c, data, "system")
+    c.keys(sy, ("default", "with_tools"), "system")
+    default_system = sy.get("default")
+    if default_system is not None and not isinstance(default_system, str):
+        c.add("'default' must be a string", "system.default")
+        default_system = None
+
+    co = _table(c, data, "content")
+    c.keys(co, ("parts", "missing"), "content")
+    parts = _choice(c, co, "parts", "content", (REFUSE, "join"), REFUSE)
+    missing_by_role: dict[str, str] = {}
+    given_missing = co.get("missing", REFUSE)
+    if isinstance(given_missing, dict):
+        # By role: { default = "refuse", tool = "empty" }.
+        for r, v in given_missing.items():
+            if v not in (REFUSE, "empty") or (r != "default" and r not in accepted):
+                c.add("missing is \"refuse\" or \"empty\", for default and for accepted roles", f"content.missing.{r}")
+            elif r != "default":
+                missing_by_role[r] = v
+        missing = given_missing.get("default", REFUSE)
+        if missing not in (REFUSE, "empty"):
+            missing = REFUSE
+    else:
+        missing = _choice(c, co, "missing", "content", (REFUSE, "empty"), REFUSE)
+    policies: dict[str, str] = {}
+    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM), "reasoning": (DROP, HISTORY)}
+    extra = {"calls": ("each",), "tools": ("each", "block"), "reasoning": ("show", "query_excludes", "last", "split")}
+    tabs: dict[str, dict[str, Any]] = {}
+    for section, allowed in kinds.items():
+        tab = tabs[section] = _table(c, data, section)
+        c.keys(tab, ("render", *extra[section]), section)
+        if "render" not in tab:
+            c.add(f"[{section}] render is required: one of {', '.join(map(repr, allowed))}", section)
+        policies[section] = _choice(c, tab, "render", section, allowed, DROP)
+    calls_each = tools_each = tools_block = with_tools = None
+    if policies["calls"] == EACH:
+        calls_each = _pattern(c, _str(c, tabs["calls"], "each", "calls"), tokens, frozenset({"name", "arguments"}),
+                              conds | {"first", "has_content"}, "calls.each", ("name", "arguments"))
+    if policies["tools"] == SYSTEM:
+        tools_each = _pattern(c, _str(c, tabs["tools"], "each", "tools"), tokens, frozenset({"tool"}), conds,
+                              "tools.each", ("tool",))
+        tools_block = _pattern(c, _str(c, tabs["tools"], "block", "tools"), tokens, frozenset({"tools"}), conds,
+                               "tools.block", ("tools",))
+        with_tools = _pattern(c, _str(c, sy, "with_tools", "system"), tokens, frozenset({"system", "tools"}),
+                              conds | {"has_system"}, "system.with_tools", ("tools",))
+    rt = tabs["reasoning"]
+    show = _choice(c, rt, "show", "reasoning", ("never", "after_last_query"), "never")
+    last = rt.get("last", False)
+    if not isinstance(last, bool):
+        c.add("'last' must be true or false", "reasoning.last")
+        last = False
+    pairs: dict[str, tuple[str, str] | None] = {}
+    for key in ("query_excludes", "split"):
+        v = rt.get(key)
+        if v is not None and not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) and x for x in v)):
+            c.add(f"{key!r} is two non-empty strings: where it opens and where it closes", f"reasoning.{key}")
+            v = None
+        pairs[key] = (v[0], v[1]) if v is not None else None
+
+    pr = _table(c, data, "prompt", required=True)
+    c.keys(pr, ("body",), "prompt")
+    prompt = _pattern(c, _str(c, pr, "body", "prompt"), tokens, frozenset(), conds, "prompt.body")
+
+    if c.problems or name is None or frame_open is None or frame_close is None or prompt is None:
+        return None
+    patterns = [frame_open, frame_close, prompt, *(r.body for r in roles.values())]
+    parseable = (all(p.parseable() for p in patterns) and not frames and policies["calls"] != EACH
+                 and policies["tools"] != SYSTEM and policies["reasoning"] != HISTORY)
+    return LayoutDialect(
+        name=name, description=description, path=path, reference=reference, special=special, added=added,
+        stops=stops, roles=roles, frame_open=frame_open, frame_close=frame_close, prompt=prompt,
+        default_system=default_system, content_parts=parts, content_missing=missing, missing_by_role=missing_by_role,
+        calls=policies["calls"],
+        tools=policies["tools"], reasoning=policies["reasoning"], options=options, role_frames=frames,
+        tools_each=tools_each, tools_block=tools_block, system_with_tools=with_tools, reasoning_show=show,
+        query_excludes=pairs["query_excludes"], reasoning_last=last, reasoning_split=pairs["split"],
+        calls_each=calls_each, parseable=parseable)
+
+
+def check_any(data: Any, path: str = "") -> tuple[Dialect | LayoutDialect | None, list[Problem]]:
+    """The dialect, XTML or layout, of parsed TOML and every problem found in it."""
+    if is_layout(data):
+        return run_checks(data, path, build_layout)
+    return check(data, path)
+
+
+def check_any_text(text: str, where: str) -> tuple[Dialect | LayoutDialect | None, list[Problem]]:
+    """:func:`~.template_file.check_text` for either kind of dialect."""
+    return check_toml(text, where, check_any)
+
+
+def load_any_dialect(name_or_path: str | Path) -> Dialect | LayoutDialect:
+    """A built-in dialect by name, or a dialect file by path, of either kind."""
+    text, where = read_template(name_or_path)
+    d, problems = check_any_text(text, where)
+    if isinstance(d, LayoutDialect):
+        return d
+    return first_or(d, problems, where)

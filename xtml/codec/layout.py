@@ -1,0 +1,356 @@
+"""A layout dialect put to work with a tokenizer binding: request → ids,
+ids (or text) → request, and the stream of a completion.
+
+The stream is the batch parse run as tokens come: text tokens are decoded
+incrementally (a run's pending bytes flushed at each token, as the batch
+decodes each run whole), tokens end the answer or are repaired as the
+lenient batch parse repairs them, and ``message_end`` carries the batch
+parse of every id fed, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import bisect
+import codecs
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..chat.layout import LayoutDialect
+from ..chat.layout_parse import Lexed, parse_completion, parse_prompt, shape
+from ..chat.layout_pattern import TOKEN_BASE, Slot
+from ..errors import ParseError, shown
+from ..vocab.tokens import TokenBinding, locate, tokens_bound
+from ..vocab.vocabulary import Vocabulary
+from .stream import StreamEvent, StreamState
+
+__all__ = ["LayoutStream", "bind", "lex_text", "parse", "reasoning_length"]
+
+
+def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]) -> int:
+    """How many of an answer's ids are reasoning: up to and with the close
+    of its reasoning block, all of them when it never closes, none when it
+    has none."""
+    split = d.reasoning_split
+    if d.reasoning != "history" or split is None:
+        return 0
+    opening, closing = binding.token_ids.get(split[0]), binding.token_ids.get(split[1])
+    for k, t in enumerate(ids):
+        if t == closing:
+            return k + 1
+    return len(ids) if opening is not None and opening in ids else 0
+
+
+def bind(d: LayoutDialect, vocab: Vocabulary) -> TokenBinding:
+    return tokens_bound(d.special, d.added, tuple(d.stops), TOKEN_BASE, vocab)
+
+
+def lex_text(d: LayoutDialect, text: str) -> Lexed:
+    """Text as a parse reads it: every token string of the dialect is its
+    token (a literal a content spelled reads as the token: the text form's
+    ambiguity, reported on render)."""
+    for at, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            raise ParseError(f"a lone surrogate (U+{ord(ch):04X}): text must be valid Unicode", offset=at,
+                             source=text)
+    chars = d.chars()
+    pieces: list[str] = []
+    starts: list[int] = []
+    offsets: list[int] = []
+    pos = out = 0
+    for m in d.finder().finditer(text):
+        if m.start() > pos:
+            starts.append(out)
+            offsets.append(pos)
+            pieces.append(text[pos:m.start()])
+            out += m.start() - pos
+        starts.append(out)
+        offsets.append(m.start())
+        pieces.append(chars[m.group()])
+        out += 1
+        pos = m.end()
+    if pos < len(text):
+        starts.append(out)
+        offsets.append(pos)
+        pieces.append(text[pos:])
+    s = "".join(pieces)
+
+    def offset(at: int) -> int:
+        if at >= len(s):
+            return len(text)
+        k = bisect.bisect_right(starts, at) - 1
+        return offsets[k] + (at - starts[k] if pieces[k] not in chars.values() else 0)
+
+    return Lexed(s, offset)
+
+
+def lex_ids(binding: TokenBinding, ids: Sequence[int]) -> Lexed:
+    s, starts, offsets = binding.lex(ids)
+    return Lexed(s, locate(starts, offsets, len(ids), s))
+
+
+def parse(d: LayoutDialect, binding: TokenBinding | None, data: Sequence[int] | str, *, completion: bool,
+          lenient: bool) -> dict[str, Any]:
+    if isinstance(data, str):
+        lx = lex_text(d, data)
+        source: str | None = data
+    else:
+        if binding is None:
+            raise TypeError("parsing token ids needs the tokenizer")
+        lx = lex_ids(binding, data)
+        source = None
+    try:
+        if completion:
+            return parse_completion(d, lx, lenient=lenient)
+        if lenient:
+            raise ParseError("a lenient parse of a whole conversation is not yet available for layout dialects "
+                             "(a completion's is: completion=True)", offset=0)
+        return parse_prompt(d, lx)
+    except ParseError as e:
+        if source is not None and e.line is None:
+            raise ParseError(e.msg, offset=e.offset, source=source, path=e.path) from None
+        raise
+
+
+class _RichLive:
+    """The reading of an answer with a reasoning block and calls, token by
+    token, as :func:`~xtml.chat.layout_parse.parse_completion` reads it whole: the
+    reasoning block only where it opens the answer, its newlines stripped
+    at both ends; the content after it with its leading newlines skipped;
+    the one separator before the first call not content; nothing after the
+    first call (the calls go out with the message). Newlines at the end of
+    what was read are held until the text after them says where they go."""
+
+    __slots__ = ("held", "sh", "skip", "state")
+
+    def __init__(self, sh: Any) -> None:
+        self.sh = sh
+        self.state = "begin"  # begin, think, content, calls
+        self.held = ""
+        self.skip = False  # leading newlines are not text here
+
+    def _channel(self) -> str:
+        return "think" if self.state == "think" else "response"
+
+    def text(self, s: str, at: int, out: list[StreamEvent]) -> None:
+        if self.state == "calls":
+            return
+        if self.state == "begin":
+            self.state = "content"
+            out.append(StreamEvent("channel_start", at, "response"))
+        if self.skip:
+            s = s.lstrip("\n")
+            if not s:
+                return
+            self.skip = False
+        s = self.held + s
+        body = s.rstrip("\n")
+        self.held = s[len(body):]
+        if body:
+            out.append(StreamEvent("text", at, self._channel(), body))
+
+    def token(self, c: str, at: int, out: list[StreamEvent]) -> None:
+        think, call = self.sh.think, self.sh.call
+        if self.state == "begin":
+            if think is not None and c == think[0]:
+                self.state, self.skip = "think", True
+                out.append(StreamEvent("channel_start", at, "think"))
+                return
+            # Only the first token can open the reasoning block.
+            self.state = "content"
+            out.append(StreamEvent("channel_start", at, "response"))
+        if self.state == "think":
+            if think is not None and c == think[1]:
+                self.held = ""  # the block's own newlines
+                out.append(StreamEvent("channel_end", at, "think"))
+                self.state, self.skip = "content", True
+                out.append(StreamEvent("channel_start", at, "response"))
+        elif self.state == "content":
+            if call is not None and c == call[0]:
+                sep = call[3]
+                held = self.held[:-len(sep)] if sep and self.held.endswith(sep) else self.held
+                if held:
+                    out.append(StreamEvent("text", at, "response", held))
+                self.held = ""
+                self.state = "calls"
+            else:
+                # Out of place (the message's diagnostics say so): it ends
+                # the newlines that follow a reasoning block, and the held
+                # ones are not the separator before a call.
+                self.skip = False
+                if self.held:
+                    out.append(StreamEvent("text", at, "response", self.held))
+                    self.held = ""
+
+    def finish(self, at: int, out: list[StreamEvent]) -> None:
+        if self.state == "think":
+            out.append(StreamEvent("channel_end", at, "think"))  # cut off: its newlines are stripped
+        elif self.state == "content" and self.held:
+            out.append(StreamEvent("text", at, "response", self.held))
+        self.held = ""
+
+
+_READY, _READING, _ENDED, _FAILED = (StreamState.READY, StreamState.READING, StreamState.ENDED,
+                                     StreamState.FAILED)
+
+
+class LayoutStream:
+    """Streaming parse of what a model generates after a layout dialect's
+    generation prompt (the :class:`~xtml.StreamParser` API)."""
+
+    def __init__(self, d: LayoutDialect, binding: TokenBinding, *, keep: bool = True, lenient: bool = True) -> None:
+        self._d = d
+        self._b = binding
+        self._lenient = lenient
+        self._keep = keep
+        self._ids: list[int] = []
+        self._state = _READY
+        self._error: ParseError | None = None
+        self._size = binding.vocab.size
+        self._bytes = binding.text_table()
+        self._chars = binding.char_of_id
+        stop_chars = {d.chars()[t]: m for t, m in d.stops.items()}
+        self._stops = {i: stop_chars[c] for i, c in self._chars.items() if c in stop_chars}
+        # Text streams as it comes when the answer is its content alone;
+        # otherwise the content goes out whole at the end.
+        body = d.roles["assistant"].body.items if "assistant" in d.roles else ()
+        self._live = len(body) == 1 and isinstance(body[0], Slot) and body[0].name == "content" \
+            and bool(self._bytes)
+        # An answer with reasoning and calls streams its reasoning and
+        # content as they come when every token of it is an id here.
+        sh = shape(d)
+        self._rich: _RichLive | None = None
+        if not self._live and bool(self._bytes) and not binding.text_tokens and (sh.think or sh.call):
+            self._rich = _RichLive(sh)
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._trailing = False
+
+    @property
+    def state(self) -> StreamState:
+        return self._state
+
+    def feed(self, token_id: int) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        self._feed(token_id, out)
+        return out
+
+    def feed_many(self, ids: Iterable[int]) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for t in ids:
+            self._feed(t, out)
+        return out
+
+    def close(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        if self._state is _FAILED:
+            assert self._error is not None
+            raise self._error
+        if self._state is _ENDED:
+            return out
+        if self._state is _READY:
+            self._start(out)
+        self._end(out, None)
+        return out
+
+    def _start(self, out: list[StreamEvent]) -> None:
+        self._state = _READING
+        out.append(StreamEvent("message_start", 0, role="assistant"))
+        if self._rich is None:
+            out.append(StreamEvent("channel_start", 0, "response"))
+
+    def _fail(self, e: ParseError) -> ParseError:
+        self._state = _FAILED
+        self._error = e
+        return e
+
+    def _feed(self, t: Any, out: list[StreamEvent]) -> None:
+        state = self._state
+        if state is _FAILED:
+            assert self._error is not None
+            raise self._error
+        at = len(self._ids)
+        if state is _ENDED:
+            if not self._trailing:
+                self._trailing = True
+                out.append(StreamEvent("diagnostic", at, diagnostic={
+                    "kind": "after-end", "offset": at, "message": "ids after the stop token are not read"}))
+            return
+        if state is _READY:
+            self._start(out)
+        if type(t) is not int or not 0 <= t < self._size:
+            e = ParseError(f"{shown(t)} is not a token id of this tokenizer", offset=at)
+            if not self._lenient:
+                raise self._fail(e)
+            out.append(StreamEvent("diagnostic", at, diagnostic={"kind": "bad-id", "offset": at, "message": e.msg}))
+            return
+        self._ids.append(t)
+        rich = self._rich
+        if rich is not None:
+            c = self._chars.get(t)
+            if c is None:
+                s = self._dec.decode(self._bytes[t] or b"", False)
+                if s:
+                    rich.text(s, at, out)
+                return
+            s = self._dec.decode(b"", True)
+            self._dec.reset()
+            if s:
+                rich.text(s, at, out)
+            if t in self._stops:
+                self._end(out, t)
+            else:
+                rich.token(c, at, out)
+            return
+        if t not in self._chars:
+            if self._live:
+                raw = self._bytes[t] or b""
+                s = self._dec.decode(raw, False)
+                if s:
+                    out.append(StreamEvent("text", at, "response", s))
+            return
+        self._flush(at, out)
+        if t in self._stops:
+            self._end(out, t)
+            return
+        if not self._live:
+            return  # read by the batch parse at the end
+        if not self._lenient:
+            token = self._b.tokens[ord(self._chars[t]) - TOKEN_BASE]
+            raise self._fail(ParseError(f"{token!r} does not belong in an answer", offset=at))
+
+    def _flush(self, at: int, out: list[StreamEvent]) -> None:
+        if self._live:
+            s = self._dec.decode(b"", True)
+            self._dec.reset()
+            if s:
+                out.append(StreamEvent("text", at, "response", s))
+
+    def _end(self, out: list[StreamEvent], stop: int | None) -> None:
+        at = len(self._ids)
+        self._flush(at, out)
+        try:
+            message = parse(self._d, self._b, self._ids, completion=True, lenient=self._lenient)
+        except ParseError as e:
+            raise self._fail(e) from None
+        if self._rich is not None:
+            self._rich.finish(at, out)
+        elif not self._live:
+            # Not streamed as it came: the answer goes out whole, reasoning
+            # first, as the XTML stream's channels go.
+            if message.get("reasoning_content"):
+                out.append(StreamEvent("channel_start", at, "think"))
+                out.append(StreamEvent("text", at, "think", message["reasoning_content"]))
+                out.append(StreamEvent("channel_end", at, "think"))
+            if message.get("content"):
+                out.append(StreamEvent("text", at, "response", message["content"]))
+        # The repairs go out as events, as the XTML stream sends them; the
+        # message is the rest of the batch parse.
+        for diag in message.pop("diagnostics", ()):
+            out.append(StreamEvent("diagnostic", at, diagnostic=diag))
+        if self._rich is None or self._rich.state in ("content", "calls"):
+            out.append(StreamEvent("channel_end", at, "response"))
+        meaning = self._stops.get(stop) if stop is not None else None
+        reason = "length" if meaning is None else "tool_calls" if message.get("tool_calls") else "stop"
+        out.append(StreamEvent("message_end", at, message=message, stop_reason=reason))
+        self._state = _ENDED
+        if not self._keep:
+            self._ids = []

@@ -1,0 +1,118 @@
+"""The gateway's request checks, one per API: a chat-completions body
+(:func:`chat_job`) and a Responses body (:func:`responses_job`, translated
+to the chat body it stands for, then checked as one) become a
+:class:`~.served.Job`: its prompt rendered to ids by the facade
+(``Template.encode_request``), its sampling fields checked
+(:func:`~.sampling.sampling`), and the grammar the engine is sent when the
+request constrains the output. Bad requests raise
+:class:`~xtml.RequestError` naming where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import MessageError, OptionError, RequestError, shown
+from .engines import BACKENDS, Generation
+from .responses import Exchange, ResponseStore, translate
+from .sampling import sampling
+from .served import Job, Served
+
+__all__ = ["MAX_TOOLS", "chat_job", "responses_job"]
+
+MAX_TOOLS = 128
+"""The most tools a request may declare, as OpenAI takes: each one is in
+the prompt and, when the output is constrained, in the grammar the engine
+compiles."""
+
+
+def _servable(body: Mapping[str, Any], text_parts: tuple[str, ...]) -> None:
+    """Refuse what would reach no engine, and tool lists past their bound.
+
+    The engine is sent token ids only: an image (or audio, video) part
+    would be one placeholder in the prompt, the model answering about a
+    picture it never got. Until an engine is sent the media itself, such a
+    request is refused, naming the part, rather than answered without it."""
+    for key in ("tools", "functions"):
+        tools = body.get(key)
+        if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+            raise RequestError(f"{key} declares {len(tools)} tools: at most {MAX_TOOLS} are taken", location=key)
+    if body.get("image_prompts"):
+        raise OptionError("image_prompts cannot be served: the engine is sent token ids only, and no image",
+                          option="image_prompts")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return  # the chat layer says what is wrong with it
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            t = part.get("type") if isinstance(part, Mapping) else None
+            if isinstance(t, str) and t not in text_parts:
+                raise MessageError(f"a content part of type {shown(t)} cannot be served: the engine is sent token "
+                                   "ids only, so the model would never see it", index=i, path=f"content[{j}]")
+
+
+def chat_job(served: Served, body: Any) -> Job:
+    """Check a chat-completions body and render its prompt."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request must be a JSON object, not {type(body).__name__}")
+    if body.get("messages") == []:
+        # OpenAI's answer too: there is nothing to answer.
+        raise RequestError("messages must hold at least one message", location="messages")
+    stream = body.get("stream")
+    if stream is not None and type(stream) is not bool:
+        raise RequestError("stream must be true or false", location="stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, Mapping):
+        raise RequestError("stream_options must be an object", location="stream_options")
+    include_usage = so.get("include_usage") if so else None
+    if include_usage is not None and type(include_usage) is not bool:
+        raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
+    vocab = served.vocab
+    params = sampling(body, vocab.size)
+    t = served.template
+    _servable(body, t.text_part_types)
+    for k in BACKENDS[served.kind].lacks:
+        if params.get(k):
+            raise RequestError(f"{k} cannot be served: the {served.kind} backend has no such field", location=k)
+    encoded = t.encode_request(body, vocab, unknown_keys="ignore")
+    o = encoded.options
+    if o.continue_final:
+        raise OptionError("continue_final_message is not served: a chat completion starts a new assistant "
+                          "message", option="continue_final_message")
+    if not o.add_generation_prompt:
+        raise OptionError("a chat completion continues the generation prompt: add_generation_prompt "
+                          "cannot be false", option="add_generation_prompt")
+    grammar = None
+    one_call = body.get("parallel_tool_calls") is False
+    # "none" with tools declared: the grammar has no tools channel.
+    if served.grammar and (o.tool_choice == "required" or o.response_format is not None
+                           or (o.tool_choice == "none" and o.tools)
+                           # One call at most: only a grammar holds a model to it.
+                           or (one_call and o.tools)
+                           or encoded.tool_named is not None):
+        grammar = t.completion_grammar(body, vocab, format=served.grammar_format, unknown_keys="ignore")
+    b = served.binding
+    gen = Generation(encoded.ids, params, b.stop_ids, vocab.size, grammar, b.text_table)
+    legacy = bool(body.get("functions")) and not body.get("tools")
+    return Job(gen, o.thinking, bool(stream), bool(include_usage), legacy=legacy,
+               max_calls=1 if one_call else None)
+
+
+def responses_job(served: Served, store: ResponseStore, body: Any, made: list[Exchange] | None = None) -> Job:
+    """Check a Responses body and render its prompt as :func:`chat_job`
+    does; the request's :class:`~.responses.Exchange` is added to ``made``
+    as soon as it exists (its errors name the request's own items)."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request must be a JSON object, not {type(body).__name__}")
+    d = served.template.dialect
+    chat, api = translate(body, store, efforts=d.efforts, thinking_off=d.thinking_off)
+    if made is not None:
+        made.append(api)
+    job = chat_job(served, chat)
+    job.api = api
+    job.include_usage = True  # the last event's response has the usage
+    return job

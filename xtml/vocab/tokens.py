@@ -1,0 +1,218 @@
+"""A vocabulary bound to a layout format's tokens: pieces → ids, ids → a
+lexed string.
+
+A layout format names its tokens in two kinds: *special* ones must each be
+one special id (text never makes one); *added* ones must each be one id,
+special or not. Text between tokens is encoded as one run, whole, as
+engines tokenize a rendered prompt (so the ids equal theirs wherever no
+content spells a token); a token never comes from text. On the way back a
+run of ordinary ids is decoded whole, and each token id becomes the one
+character that stands for it (``chr(base + k)``, a lone surrogate no decoded
+text holds).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ParseError, TokenizerError, shown
+from ..lru import Lru
+from ..markup.segments import Segment
+from .vocabulary import Vocabulary
+
+__all__ = ["TokenBinding", "tokens_bound"]
+
+
+class TokenBinding:
+    """A vocabulary bound to the tokens of a layout format."""
+
+    def __init__(self, special: tuple[str, ...], added: tuple[str, ...], stops: tuple[str, ...], base: int,
+                 vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        self.tokens = special + added
+        self.token_ids: dict[str, int] = {}
+        problems: list[str] = []
+        for t in special:
+            sid = vocab.special_id(t)
+            if sid is None:
+                problems.append(f"{t!r} is an added token but not a special one" if vocab.added_id(t) is not None
+                                else f"{t!r} is not a special token")
+            else:
+                self.token_ids[t] = sid
+        text_tokens: list[str] = []
+        for t in added:
+            hit = vocab.added_id(t)
+            if hit is None:
+                # A vocabulary without it spells it as text, as a model
+                # trained on that vocabulary writes it: found in text.
+                text_tokens.append(t)
+            else:
+                self.token_ids[t] = hit[0]
+        problems += [f"{t!r}, a stop token, is not a token of it" for t in stops if t in text_tokens]
+        self.text_tokens = tuple(text_tokens)
+        """Added tokens this vocabulary lacks: written and read as text."""
+        self._text_finder = re.compile("|".join(re.escape(t) for t in sorted(text_tokens, key=len, reverse=True))) \
+            if text_tokens else None
+        self._text_chars = {t: chr(base + k) for k, t in enumerate(self.tokens) if t in text_tokens}
+        if problems:
+            raise TokenizerError(f"tokenizer {vocab.source!r} does not fit the format's tokens: "
+                                 + "; ".join(problems))
+        self.char_of_id: dict[int, str] = {self.token_ids[t]: chr(base + k) for k, t in enumerate(self.tokens)
+                                           if t in self.token_ids}
+        self.stop_ids = tuple(self.token_ids[t] for t in stops)
+        self._text_table: list[bytes | None] | None = None
+        self._text_strs: list[str | None] | None = None
+        self.derived: dict[Any, Any] = {}
+
+    # -- pieces → ids ------------------------------------------------------------------
+
+    def encode_segments(self, segments: Sequence[Segment]) -> list[int]:
+        """Ids of segments: a special segment is its token's id, each run of
+        text between them is encoded whole (all runs in one batch); a token
+        this vocabulary spells as text is part of the run it stands in."""
+        ids = self.token_ids
+        runs: list[str] = []
+        plan: list[int] = []  # a token id, or -1 - the index of a run
+        pending: list[str] = []
+        for s in segments:
+            if s.special and s.text in ids:
+                if pending:
+                    plan.append(-1 - len(runs))
+                    runs.append("".join(pending))
+                    pending = []
+                plan.append(ids[s.text])
+            else:
+                pending.append(s.text)
+        if pending:
+            plan.append(-1 - len(runs))
+            runs.append("".join(pending))
+        encoded = self.vocab.ids_of(runs) if runs else []
+        out: list[int] = []
+        for p in plan:
+            if p >= 0:
+                out.append(p)
+            else:
+                out.extend(encoded[-1 - p])
+        return out
+
+    def text_ids(self, text: str, finder: re.Pattern[str]) -> list[int]:
+        """Ids of text as a model would have generated it: each token's
+        string is its id, the text between encoded whole."""
+        segs: list[Segment] = []
+        pos = 0
+        for m in finder.finditer(text):
+            if m.start() > pos:
+                segs.append(Segment(text[pos:m.start()], False))
+            segs.append(Segment(m.group(), True))
+            pos = m.end()
+        if pos < len(text):
+            segs.append(Segment(text[pos:], False))
+        return self.encode_segments(segs)
+
+    # -- ids → a lexed string ----------------------------------------------------------
+
+    def lex(self, ids: Sequence[int]) -> tuple[str, list[int], list[int]]:
+        """The lexed string of ids, and where each piece of it starts: in the
+        string, and in the ids (for locating a character)."""
+        size = self.vocab.size
+        chars = self.char_of_id
+        pieces: list[str] = []
+        starts: list[int] = []
+        offsets: list[int] = []
+        runs: list[Sequence[int]] = []
+        slots: list[int] = []
+        run_start = -1
+        for k, t in enumerate(ids):
+            if type(t) is not int or not 0 <= t < size:
+                raise ParseError(f"{shown(t)} is not a token id of this tokenizer", offset=k)
+            c = chars.get(t)
+            if c is None:
+                if run_start < 0:
+                    run_start = k
+                continue
+            if run_start >= 0:
+                slots.append(len(pieces))
+                runs.append(ids[run_start:k])
+                pieces.append("")
+                offsets.append(run_start)
+                run_start = -1
+            pieces.append(c)
+            offsets.append(k)
+        if run_start >= 0:
+            slots.append(len(pieces))
+            runs.append(ids[run_start:])
+            pieces.append("")
+            offsets.append(run_start)
+        finder = self._text_finder
+        for slot, text in zip(slots, self.decode_runs(runs), strict=True):
+            if finder is not None and finder.search(text) is not None:
+                text = finder.sub(lambda m: self._text_chars[m.group()], text)
+            pieces[slot] = text
+        pos = 0
+        for p in pieces:
+            starts.append(pos)
+            pos += len(p)
+        return "".join(pieces), starts, offsets
+
+    def decode_runs(self, runs: list[Sequence[int]]) -> list[str]:
+        """Each run of ordinary ids decoded whole: its bytes as UTF-8, a bad
+        sequence replaced (what the stream does, token by token)."""
+        table = self.text_table()
+        if not table:
+            return self.vocab.decode_batch(runs)
+        out: list[str] = []
+        for run in runs:
+            out.append(b"".join(table[i] or b"" for i in run).decode("utf-8", "replace"))
+        return out
+
+    def text_table(self) -> list[bytes | None]:
+        """The bytes of every id of ordinary text, None for the token ids
+        (empty if the vocabulary has no byte table)."""
+        table = self._text_table
+        if table is None:
+            table = list(self.vocab.byte_table())
+            if table:
+                for i in self.char_of_id:
+                    table[i] = None
+            self._text_table = table
+        return table
+
+    def text_strs(self) -> list[str | None]:
+        """The text of every id whose bytes are whole UTF-8 on their own,
+        None for the rest (tokens, parts of a character)."""
+        strs = self._text_strs
+        if strs is None:
+            strs = []
+            for b in self.text_table():
+                try:
+                    s = b.decode() if b else None
+                except UnicodeDecodeError:
+                    s = None
+                strs.append(s)
+            self._text_strs = strs
+        return strs
+
+
+def locate(starts: list[int], offsets: list[int], ids_len: int, text: str) -> Any:
+    """A function from a character of a lexed string to its token offset."""
+    def offset(at: int) -> int:
+        if at >= len(text):
+            return ids_len
+        k = bisect.bisect_right(starts, at) - 1
+        return offsets[k] if k >= 0 else 0
+    return offset
+
+
+def tokens_bound(special: tuple[str, ...], added: tuple[str, ...], stops: tuple[str, ...], base: int,
+                 vocab: Vocabulary) -> TokenBinding:
+    """The binding of a format's tokens to ``vocab``, made once and kept on
+    the vocabulary (as :func:`~.binding.bound` keeps XTML bindings)."""
+    table: Lru[Any, TokenBinding] | None = vocab.derived.get(TokenBinding)
+    if table is None:
+        table = vocab.derived.setdefault(TokenBinding, Lru())
+    key = (special, added, stops, base)
+    found = table.get(key)
+    return found if found is not None else table.put(key, TokenBinding(special, added, stops, base, vocab))
