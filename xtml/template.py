@@ -15,8 +15,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .chat import fields as _fields
 from .chat.dialect import Dialect
-from .chat.fields import dump, keyword_options, request_options
+from .chat.fields import MAX_N, dump, keyword_options, request_options
 from .chat.layout import LayoutDialect
 from .chat.layout_file import load_any_dialect
 from .chat.layout_request import Dropped
@@ -41,7 +42,7 @@ from .vocab.load import load_tokenizer
 from .vocab.tokens import TokenBinding
 from .vocab.vocabulary import Vocabulary
 
-__all__ = ["Ambiguity", "Dropped", "Encoded", "Rendered", "Template", "load"]
+__all__ = ["MAX_N", "Ambiguity", "Dropped", "Encoded", "Rendered", "Template", "check_fields", "load"]
 
 
 class Ambiguity(NamedTuple):
@@ -463,6 +464,18 @@ def _read_only(name: str) -> str:
 
 
 _cache: Lru[Any, Template] = Lru()
+
+
+def check_fields(body: Mapping[str, Any], *, api: str = "chat") -> None:
+    """Refuse a field of a request body whose value is not of its JSON type
+    (the table of :mod:`xtml.chat.fields`), with a :class:`RequestError`
+    naming it: ``api`` is ``chat`` (the fields a chat-completions body gives
+    beside its prompt: sampling, streaming) or ``responses`` (a Responses
+    body's own fields). The prompt's fields are checked when the request is
+    read (``Template.encode_request`` and the rest)."""
+    if api not in ("chat", "responses"):
+        raise ValueError(f"api must be 'chat' or 'responses', not {api!r}")
+    _fields.check(body, api)
 
 
 def load(name_or_path: str | os.PathLike[str] = "kimi-k3") -> Template:

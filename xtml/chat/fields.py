@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import typing
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import MessageError, OptionError, RequestError, shown
+from ..errors import MessageError, OptionError, RequestError, XtmlError, shown
 
-__all__ = ["FIELDS", "IGNORED", "PROMPT", "REFUSED", "UNKNOWN_KEYS", "Field", "did_you_mean", "function_tool",
-           "markdown_table", "tool_function", "tool_problem"]
+__all__ = ["APIS", "FIELDS", "IGNORED", "MAX_N", "PROMPT", "REFUSED", "RESPONSES", "UNKNOWN_KEYS", "Field", "Kind",
+           "check", "did_you_mean", "function_tool", "markdown_table", "tool_function", "tool_problem"]
 
 PROMPT = "prompt"
 IGNORED = "ignored"
@@ -44,6 +45,56 @@ UNKNOWN_KEYS = ("error", "ignore")
 """Values of the ``unknown_keys`` keyword every Template method that takes a
 request accepts: unknown keys of the request (top level,
 ``chat_template_kwargs``, messages) are an error, or are ignored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """The JSON type a field's value must have, and its range. Null always
+    passes: a field given as null reads as left out."""
+
+    what: str
+    """``boolean``, ``string``, ``number`` (finite), ``integer`` (64 bits),
+    ``count`` (a whole number from ``lo`` to ``hi``) or ``object``."""
+    lo: int = 0
+    hi: int | None = None
+    members: tuple[tuple[str, Kind], ...] = ()
+    """An object's own typed members."""
+
+    def problem(self, v: Any) -> str | None:
+        """What is wrong with ``v`` (``"must be ..."``), or None."""
+        w = self.what
+        if w == "boolean":
+            return None if type(v) is bool else "must be true or false"
+        if w == "string":
+            return None if isinstance(v, str) else "must be a string"
+        if w == "number":
+            # Python's JSON reader takes NaN and Infinity, which no engine's
+            # JSON parser does: the engine would refuse the whole body.
+            return None if type(v) in (int, float) and math.isfinite(v) else "must be a finite number"
+        if w == "integer":
+            if type(v) is not int:
+                return "must be an integer"
+            # Engines read these into 64-bit integers (vLLM's seed field is
+            # bounded so); past that the engine refuses the body.
+            return None if _INT64[0] <= v <= _INT64[1] else "must fit in 64 bits"
+        if w == "count":
+            if type(v) is int and self.lo <= v and (self.hi is None or v <= self.hi):
+                return None
+            return f"must be a whole number from {self.lo} to {self.hi}" if self.hi is not None else \
+                f"must be a whole number, {self.lo} or more"
+        if w == "object":
+            return None if isinstance(v, Mapping) else "must be an object"
+        raise AssertionError(f"no JSON type {w!r}")
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+BOOLEAN = Kind("boolean")
+STRING = Kind("string")
+NUMBER = Kind("number")
+INTEGER = Kind("integer")
+
+MAX_N = 16
+"""Choices in ``n``: each is generated, read and parsed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +109,12 @@ class Field:
     feeds: str
     """For a prompt field, what it becomes (an option, or how it is read)."""
     note: str
+    json: Kind | None = None
+    """Its JSON type, where a value of another type is refused (:func:`check`)."""
 
 
-def _f(name: str, sources: str, effect: str, note: str, feeds: str = "") -> Field:
-    return Field(name, tuple(sources.split()), effect, feeds, note)
+def _f(name: str, sources: str, effect: str, note: str, feeds: str = "", json: Kind | None = None) -> Field:
+    return Field(name, tuple(sources.split()), effect, feeds, note, json)
 
 
 _SAMPLING = "sampling"
@@ -89,16 +142,16 @@ FIELDS: tuple[Field, ...] = (
     _f("chat_template_kwargs", "vllm sglang", PROMPT, "options for the template; its keys follow this "
        "table and win over top-level keys", "its keys"),
     _f("add_generation_prompt", "transformers vllm", PROMPT, "open the assistant's turn (default true; "
-       "`null` is false, as K3's reference encoder reads it)", "add_generation_prompt"),
+       "`null` is false, as K3's reference encoder reads it)", "add_generation_prompt", BOOLEAN),
     _f("continue_final_message", "transformers vllm sglang", PROMPT, "leave the final assistant message "
        "open so the model continues it; not together with add_generation_prompt=true",
-       "continue_final_message"),
+       "continue_final_message", BOOLEAN),
     _f("enable_thinking", "transformers vllm sglang", PROMPT, "alias of `thinking`, which wins when both "
-       "are given", "thinking"),
+       "are given", "thinking", BOOLEAN),
     _f("reasoning", "sglang", PROMPT, "`{\"effort\": E, \"enabled\": B}`: E is read as `reasoning_effort` "
        "(and wins over it), `enabled: true` turns thinking on unless `thinking` is given",
        "reasoning_effort, thinking"),
-    _f("thinking", "xtml", PROMPT, "thinking mode (default: the template's)", "thinking"),
+    _f("thinking", "xtml", PROMPT, "thinking mode (default: the template's)", "thinking", BOOLEAN),
     _f("thinking_effort", "xtml", PROMPT, "the effort named in the thinking-effort message; wins over "
        "`reasoning_effort`", "thinking_effort"),
     _f("response_schema", "xtml", PROMPT, "the schema of a `json_schema` response format, as the K3 "
@@ -114,31 +167,31 @@ FIELDS: tuple[Field, ...] = (
     # -- OpenAI, no effect on the prompt ---------------------------------------------------
     _f("model", "openai", IGNORED, "which model serves the request"),
     _f("audio", "openai", IGNORED, "output audio settings"),
-    _f("frequency_penalty", "openai", IGNORED, _SAMPLING),
+    _f("frequency_penalty", "openai", IGNORED, _SAMPLING, json=NUMBER),
     _f("logit_bias", "openai", IGNORED, _SAMPLING),
     _f("logprobs", "openai", IGNORED, _OUTPUT),
-    _f("max_completion_tokens", "openai", IGNORED, _SAMPLING),
-    _f("max_tokens", "openai", IGNORED, _SAMPLING),
+    _f("max_completion_tokens", "openai", IGNORED, _SAMPLING, json=INTEGER),
+    _f("max_tokens", "openai", IGNORED, _SAMPLING, json=INTEGER),
     _f("metadata", "openai", IGNORED, "stored with the completion"),
     _f("modalities", "openai", IGNORED, "output modalities"),
     _f("moderation", "openai", IGNORED, "moderation of input and output, outside the prompt"),
-    _f("n", "openai", IGNORED, _SAMPLING),
+    _f("n", "openai", IGNORED, _SAMPLING, json=Kind("count", 1, MAX_N)),
     _f("parallel_tool_calls", "openai", IGNORED, "bounds the calls of a completion grammar, not the prompt"),
     _f("prediction", "openai", IGNORED, "predicted output: a latency hint"),
-    _f("presence_penalty", "openai", IGNORED, _SAMPLING),
+    _f("presence_penalty", "openai", IGNORED, _SAMPLING, json=NUMBER),
     _f("prompt_cache_key", "openai", IGNORED, "prompt caching"),
     _f("prompt_cache_options", "openai", IGNORED, "prompt caching"),
     _f("prompt_cache_retention", "openai", IGNORED, "prompt caching"),
     _f("safety_identifier", "openai", IGNORED, "abuse monitoring"),
-    _f("seed", "openai", IGNORED, _SAMPLING),
+    _f("seed", "openai", IGNORED, _SAMPLING, json=INTEGER),
     _f("service_tier", "openai", IGNORED, _SERVING),
     _f("stop", "openai", IGNORED, _SAMPLING),
     _f("store", "openai", IGNORED, "stored completions"),
-    _f("stream", "openai", IGNORED, _OUTPUT),
-    _f("stream_options", "openai", IGNORED, _OUTPUT),
-    _f("temperature", "openai", IGNORED, _SAMPLING),
+    _f("stream", "openai", IGNORED, _OUTPUT, json=BOOLEAN),
+    _f("stream_options", "openai", IGNORED, _OUTPUT, json=Kind("object", members=(("include_usage", BOOLEAN),))),
+    _f("temperature", "openai", IGNORED, _SAMPLING, json=NUMBER),
     _f("top_logprobs", "openai", IGNORED, _OUTPUT),
-    _f("top_p", "openai", IGNORED, _SAMPLING),
+    _f("top_p", "openai", IGNORED, _SAMPLING, json=NUMBER),
     _f("user", "openai", IGNORED, "end-user id"),
     _f("verbosity", "openai", IGNORED, "the template has no prose for it"),
     _f("web_search_options", "openai", IGNORED, "a hosted tool: nothing to declare"),
@@ -150,11 +203,11 @@ FIELDS: tuple[Field, ...] = (
     _f("best_of", "vllm", IGNORED, _SAMPLING),
     _f("early_stopping", "vllm", IGNORED, _SAMPLING),
     _f("length_penalty", "vllm", IGNORED, _SAMPLING),
-    _f("top_k", "vllm sglang", IGNORED, _SAMPLING),
-    _f("min_p", "vllm sglang", IGNORED, _SAMPLING),
-    _f("repetition_penalty", "vllm sglang", IGNORED, _SAMPLING),
-    _f("min_tokens", "vllm sglang", IGNORED, _SAMPLING),
-    _f("ignore_eos", "vllm sglang", IGNORED, _SAMPLING),
+    _f("top_k", "vllm sglang", IGNORED, _SAMPLING, json=INTEGER),
+    _f("min_p", "vllm sglang", IGNORED, _SAMPLING, json=NUMBER),
+    _f("repetition_penalty", "vllm sglang", IGNORED, _SAMPLING, json=NUMBER),
+    _f("min_tokens", "vllm sglang", IGNORED, _SAMPLING, json=INTEGER),
+    _f("ignore_eos", "vllm sglang", IGNORED, _SAMPLING, json=BOOLEAN),
     _f("stop_token_ids", "vllm sglang", IGNORED, _SAMPLING),
     _f("bad_words", "vllm", IGNORED, _SAMPLING),
     _f("allowed_token_ids", "vllm", IGNORED, _SAMPLING),
@@ -239,6 +292,49 @@ OPTIONS: tuple[str, ...] = (
 """Prompt fields that are render options as they stand; the other prompt
 fields are read into these (``functions`` into ``tools`` ...)."""
 _OPTION_SET = frozenset(OPTIONS)
+
+
+RESPONSES: tuple[tuple[str, Kind], ...] = (
+    ("stream", BOOLEAN), ("store", BOOLEAN), ("instructions", STRING), ("previous_response_id", STRING),
+    # It limits calls of built-in tools, which the gateway runs none of: any
+    # count is met.
+    ("max_tool_calls", Kind("count", 0)), ("user", STRING), ("parallel_tool_calls", BOOLEAN),
+)
+"""The typed fields of a Responses request the gateway reads or repeats in
+its answer; the sampling fields it passes on are checked as chat fields."""
+
+_CHECKED: dict[str, tuple[tuple[str, Kind], ...]] = {
+    "chat": tuple((f.name, f.json) for f in FIELDS if f.json is not None and f.effect == IGNORED),
+    "options": tuple((f.name, f.json) for f in FIELDS if f.json is not None and f.effect == PROMPT),
+    "responses": RESPONSES,
+}
+APIS = tuple(_CHECKED)
+"""What :func:`check` checks: ``chat`` the fields of a chat-completions body
+that the prompt does not read (sampling, streaming), ``options`` the render
+options, ``responses`` a Responses body's own fields."""
+
+
+def check(values: Mapping[str, Any], api: str) -> None:
+    """Refuse a field of ``values`` whose value is not of its JSON type
+    (:attr:`Field.json`, :data:`RESPONSES`), naming it: a
+    :class:`~xtml.RequestError` at the field's path, or for ``api="options"``
+    an :class:`~xtml.OptionError`. One pass over the fields ``api`` reads."""
+    for name, kind in _CHECKED[api]:
+        v = values.get(name)
+        if v is not None:
+            _check_value(kind, v, name, name, api)
+
+
+def _check_value(kind: Kind, v: Any, name: str, at: str, api: str) -> None:
+    bad = kind.problem(v)
+    if bad is not None:
+        msg = f"{name} {bad}"
+        error: XtmlError = OptionError(msg, option=at) if api == "options" else RequestError(msg, location=at)
+        raise error
+    for member, k in kind.members:
+        mv = v.get(member)
+        if mv is not None:
+            _check_value(k, mv, member, f"{at}.{member}", api)
 
 
 def did_you_mean(key: object, known: Iterable[str]) -> str:

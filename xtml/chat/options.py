@@ -53,15 +53,13 @@ _ABSENT: Any = object()
 def resolve_options(d: Dialect, opts: Mapping[str, Any], known: Known | None = None) -> Options:
     """The options of a request, checked; ``known``: a tool list and its
     marshal bytes, if the caller has made them."""
+    fields.check(opts, "options")
     thinking = d.thinking_default
     # ``thinking`` wins over its alias, as in the reference encoder.
     explicit: bool | None = None
     for key in ("enable_thinking", "thinking"):
         if opts.get(key) is not None:
-            v = opts[key]
-            if not isinstance(v, bool):
-                raise OptionError(f"{key} must be true or false", option=key)
-            thinking = explicit = v
+            thinking = explicit = opts[key]
     effort = d.default_effort
     re_ = opts.get("reasoning_effort")
     te = opts.get("thinking_effort")
@@ -104,14 +102,10 @@ def resolve_options(d: Dialect, opts: Mapping[str, Any], known: Known | None = N
         # given as None, it writes the schema null.
         rf = {"type": "json_schema", "json_schema": {"schema": None}}
     cont = opts.get("continue_final_message")
-    if cont is not None and not isinstance(cont, bool):
-        raise OptionError("continue_final_message must be true or false", option="continue_final_message")
     # Absent, it opens the assistant's turn; None is false, as K3's
     # reference encoder reads it (and Jinja, where transformers' default is
     # false too). Every other option reads None as absent (docs/requests.md).
     agp = opts.get("add_generation_prompt", _ABSENT)
-    if agp is not _ABSENT and agp is not None and not isinstance(agp, bool):
-        raise OptionError("add_generation_prompt must be true or false", option="add_generation_prompt")
     if cont:
         if agp is True:
             raise OptionError("continue_final_message leaves the last message open for the model to continue; "

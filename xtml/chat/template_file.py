@@ -29,6 +29,7 @@ from ..plugins import configure as configure_plugin
 from ..plugins.api import ContentExtension
 from .dialect import HOLDS, POSITIONS, Body, Channel, Dialect, SystemMessage, Training
 from .keys import KeyIndex
+from .toml_text import TomlTooDeep, read_toml
 
 SECTIONS = ("template", "markers", "names", "roles", "channels", "generation", "thinking", "plugins",
             "json_fallback", "system", "training")
@@ -761,8 +762,8 @@ def check_toml(text: str, where: str, check_data: Callable[[Any, str], tuple[_D 
     if bound is not None:
         return None, [bound]
     try:
-        data = tomllib.loads(text)
-    except RecursionError:
+        data = read_toml(text)
+    except TomlTooDeep:
         return None, [Problem(f"invalid TOML: nested too deeply (at most {MAX_NESTING} levels)", "")]
     except tomllib.TOMLDecodeError as e:
         msg = str(e)

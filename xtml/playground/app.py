@@ -36,7 +36,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..errors import XtmlError
+from ..errors import MAX_DEPTH, XtmlError, too_deep
+from ..plugins import jsonfmt
 from ..serving.asgi import Refused, content_type, read_body, read_json
 from ..serving.auth import BearerGuard
 from ..serving.gateway import MAX_BODY
@@ -178,7 +179,14 @@ class _Api:
                 assert isinstance(raw, bytes)
                 body = read_json(raw)
                 if not isinstance(body, Refused):
-                    return body
+                    # Its depth measured once, here: every view then works
+                    # on values no deeper than a request may be (a request
+                    # sits one level down, in its field).
+                    path = jsonfmt.deep_path(body, MAX_DEPTH + 1)
+                    if path is None:
+                        return body
+                    deep = too_deep(path[1:])
+                    body = Refused(400, str(deep), ".".join(map(str, path[:1])) or None)
                 refused = body
         code = refused.status if refused.status != 400 else None
         return _error(refused.status, refused.message, refused.param, **({"code": code} if code else {}))
@@ -196,8 +204,6 @@ class _Api:
                 return JSONResponse({"error": e.to_json()}, status_code=400, headers=_HEADERS)
             except XtmlError as e:
                 return _error(400, str(e), getattr(e, "location", None))
-            except RecursionError:
-                return _error(400, "the input nests deeper than it can be read")
             return JSONResponse(result, headers=_HEADERS)
 
         return handle

@@ -2,8 +2,9 @@
 (:func:`chat_job`) and a Responses body (:func:`responses_job`, translated
 to the chat body it stands for, then checked as one) become a
 :class:`~.served.Job`: its prompt rendered to ids by the facade
-(``Template.encode_request``), its sampling fields checked
-(:func:`~.sampling.sampling`), and the grammar the engine is sent when the
+(``Template.encode_request``), the JSON types of its other fields checked
+against the field table (:func:`~xtml.template.check_fields`), its sampling
+fields (:func:`~.sampling.sampling`), and the grammar the engine is sent when the
 request constrains the output. Bad requests raise
 :class:`~xtml.RequestError` naming where.
 """
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError, shown
+from ..template import check_fields
 from .engines import BACKENDS, Generation
 from .responses import Exchange, ResponseStore, translate
 from .sampling import sampling
@@ -62,15 +64,10 @@ def chat_job(served: Served, body: Any) -> Job:
     if body.get("messages") == []:
         # OpenAI's answer too: there is nothing to answer.
         raise RequestError("messages must hold at least one message", location="messages")
+    check_fields(body, api="chat")
     stream = body.get("stream")
-    if stream is not None and type(stream) is not bool:
-        raise RequestError("stream must be true or false", location="stream")
     so = body.get("stream_options")
-    if so is not None and not isinstance(so, Mapping):
-        raise RequestError("stream_options must be an object", location="stream_options")
     include_usage = so.get("include_usage") if so else None
-    if include_usage is not None and type(include_usage) is not bool:
-        raise RequestError("include_usage must be true or false", location="stream_options.include_usage")
     vocab = served.vocab
     params = sampling(body, vocab.size)
     t = served.template

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..chat.response_format import FormatShape, read_response_format
 from ..errors import RequestError, shown
+from ..template import check_fields
 from .responses_events import Exchange
 from .responses_store import ResponseStore
 
@@ -324,19 +325,9 @@ def _format(text: Any) -> dict[str, Any] | None:
 
 
 def _check_echoed(body: Mapping[str, Any]) -> None:
-    """The fields a response repeats as they came: what OpenAI's types take,
-    or a 400 (never a response the client's own types reject)."""
-    most = body.get("max_tool_calls")
-    if most is not None and (type(most) is not int or most < 0):
-        # It limits calls of built-in tools, which this server runs none of:
-        # any count is met.
-        raise RequestError("max_tool_calls must be a whole number, 0 or more", location="max_tool_calls")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise RequestError("user must be a string", location="user")
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and type(parallel) is not bool:
-        raise RequestError("parallel_tool_calls must be true or false", location="parallel_tool_calls")
+    """The metadata a response repeats as it came: what OpenAI's types take,
+    or a 400 (never a response the client's own types reject). The other
+    fields it repeats have their JSON types checked with the rest."""
     metadata = body.get("metadata")
     if metadata is None:
         return
@@ -373,25 +364,17 @@ def translate(body: Mapping[str, Any], store: ResponseStore, *, efforts: tuple[s
         v = body.get(key)
         if v is not None and v is not False and v != 0:
             raise RequestError(why, location=key)
+    check_fields(body, api="responses")
     stream = body.get("stream")
-    if stream is not None and type(stream) is not bool:
-        raise RequestError("stream must be true or false", location="stream")
-    keep = body.get("store", True)
+    keep = body.get("store")
     if keep is None:
         keep = True
-    if type(keep) is not bool:
-        raise RequestError("store must be true or false", location="store")
     b = _Builder()
     instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise RequestError("instructions must be a string", location="instructions")
-        if instructions:
-            b.add({"role": "system", "content": instructions}, "instructions")
+    if instructions:
+        b.add({"role": "system", "content": instructions}, "instructions")
     previous = body.get("previous_response_id")
     if previous is not None:
-        if not isinstance(previous, str):
-            raise RequestError("previous_response_id must be a string", location="previous_response_id")
         stored = store.get(previous)
         if stored is None:
             raise ResponseNotFound(f"no response with id {shown(previous)} is stored here (responses are kept "

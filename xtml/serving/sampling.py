@@ -9,6 +9,7 @@ from typing import Any
 
 from ..chat.json_values import surrogate_in
 from ..errors import RequestError, shown
+from ..template import MAX_N
 
 __all__ = ["MAX_LOGIT_BIAS", "MAX_N", "MAX_STOP", "MAX_STOP_CHARS", "MAX_STOP_IDS", "sampling"]
 
@@ -26,51 +27,31 @@ MAX_STOP_IDS = 64
 """Ids in ``stop_token_ids``."""
 MAX_LOGIT_BIAS = 300
 """Entries in ``logit_bias``."""
-MAX_N = 16
-"""Choices in ``n``: each is generated, read and parsed."""
 
-_NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-_INTS = ("top_k", "seed", "max_tokens", "min_tokens")
-_INT64 = (-(2**63), 2**63 - 1)
+_PASSED = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+           "top_k", "seed", "max_tokens", "min_tokens")
 
 
 def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
-    """The sampling fields of a chat-completions body, checked: numbers are
-    numbers, counts are integers, token ids (``stop_token_ids``, the keys of
-    ``logit_bias``) are below ``vocab_size``, ``stop`` is a string or a list of them,
-    ``max_completion_tokens`` (which wins) and ``max_tokens`` are one
-    ``max_tokens``. Lists are bounded (:data:`MAX_STOP` sequences of
-    :data:`MAX_STOP_CHARS` characters, :data:`MAX_STOP_IDS` stop ids,
-    :data:`MAX_LOGIT_BIAS` biases). Fields left out or null are not in the result.
-    ``n`` (1 to :data:`MAX_N`) is there when above 1. No log probabilities:
-    the gateway cannot return them, and silently dropping them would answer
-    something else than was asked. Bad values raise :class:`RequestError` naming the
-    field."""
+    """The sampling fields of a chat-completions body whose JSON types
+    :func:`~xtml.template.check_fields` has checked (numbers finite, counts
+    64-bit integers, ``n`` 1 to :data:`MAX_N`), checked further: token ids
+    (``stop_token_ids``, the keys of ``logit_bias``) are below ``vocab_size``,
+    ``stop`` is a string or a list of them, ``max_completion_tokens`` (which
+    wins) and ``max_tokens`` are one ``max_tokens`` of at least 1. Lists are
+    bounded (:data:`MAX_STOP` sequences of :data:`MAX_STOP_CHARS` characters,
+    :data:`MAX_STOP_IDS` stop ids, :data:`MAX_LOGIT_BIAS` biases). Fields left
+    out or null are not in the result. ``n`` is there when above 1. No log
+    probabilities: the gateway cannot return them, and silently dropping them
+    would answer something else than was asked. Bad values raise
+    :class:`RequestError` naming the field."""
     out: dict[str, Any] = {}
-    for k in _NUMBERS:
+    for k in _PASSED:
         v = body.get(k)
         if v is not None:
-            # Python's JSON reader takes NaN and Infinity, which no engine's
-            # JSON parser does: the engine would refuse the whole body.
-            if type(v) not in (int, float) or not math.isfinite(v):
-                raise RequestError(f"{k} must be a finite number", location=k)
-            out[k] = v
-    for k in _INTS:
-        v = body.get(k)
-        if v is not None:
-            if type(v) is not int:
-                raise RequestError(f"{k} must be an integer", location=k)
-            if not _INT64[0] <= v <= _INT64[1]:
-                # Engines read these into 64-bit integers (vLLM's seed field
-                # is bounded so); past that the engine refuses the body.
-                raise RequestError(f"{k} must fit in 64 bits", location=k)
             out[k] = v
     mct = body.get("max_completion_tokens")
     if mct is not None:
-        if type(mct) is not int:
-            raise RequestError("max_completion_tokens must be an integer", location="max_completion_tokens")
-        if not _INT64[0] <= mct <= _INT64[1]:
-            raise RequestError("max_completion_tokens must fit in 64 bits", location="max_completion_tokens")
         out["max_tokens"] = mct
     mt = out.get("max_tokens")
     if mt is not None and mt < 1:
@@ -106,11 +87,8 @@ def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
             if i >= vocab_size:
                 raise RequestError(f"{i} is not a token id of this tokenizer", location=f"stop_token_ids[{j}]")
         out["stop_token_ids"] = ids
-    ignore = body.get("ignore_eos")
-    if ignore is not None:
-        if type(ignore) is not bool:
-            raise RequestError("ignore_eos must be true or false", location="ignore_eos")
-        out["ignore_eos"] = ignore
+    if body.get("ignore_eos") is not None:
+        out["ignore_eos"] = body["ignore_eos"]
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, Mapping):
@@ -129,11 +107,8 @@ def sampling(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
         if bias:
             out["logit_bias"] = dict(bias)
     n = body.get("n")
-    if n is not None:
-        if type(n) is not int or not 1 <= n <= MAX_N:
-            raise RequestError(f"n must be a whole number from 1 to {MAX_N}", location="n")
-        if n > 1:
-            out["n"] = n
+    if n is not None and n > 1:
+        out["n"] = n
     if body.get("logprobs") or body.get("top_logprobs"):
         raise RequestError("this server returns no log probabilities", location="logprobs")
     return out

@@ -130,13 +130,12 @@ def validate(template: str | Path, *, tokenizer: str | Path | None = None, examp
 
 
 def _is_layout_text(text: str) -> bool:
-    import tomllib
-
     from ..chat.template_file import is_layout
+    from ..chat.toml_text import read_toml
 
     try:
-        return is_layout(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
+        return is_layout(read_toml(text))
+    except ValueError:  # tomllib's errors, and nesting past its reach
         return False
 
 

@@ -12,7 +12,7 @@ from ..chat.dialect import Dialect, Training
 from ..chat.options import OPTION_NAMES
 from ..chat.template_file import load_dialect
 from ..codec.training import IGNORE_INDEX, Train, TrainingExample, encode_example
-from ..errors import CallerError, XtmlError
+from ..errors import MAX_DEPTH, CallerError, XtmlError, too_deep
 from ..lru import Lru
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
@@ -103,19 +103,23 @@ def _missing(v: Any) -> bool:
     return v is None or type(v).__name__ in ("NAType", "NaTType") or (isinstance(v, float) and math.isnan(v))
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: Any, depth: int = 0) -> Any:
     """Python values from what batch formats hold: numpy arrays (Ray's numpy
-    and pandas batches), numpy scalars, tuples, pandas' missing values."""
+    and pandas batches), numpy scalars, tuples, pandas' missing values.
+    Nested past :data:`~xtml.errors.MAX_DEPTH`, the value is refused here,
+    as the request's own check would refuse it."""
+    if depth > MAX_DEPTH and isinstance(v, dict | list | tuple):
+        raise too_deep(())
     if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
+        return {k: _plain(x, depth + 1) for k, x in v.items()}
     if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
+        return [_plain(x, depth + 1) for x in v]
     if isinstance(v, str | int | bool) or v is None:
         return v
     if _missing(v):
         return None
     if hasattr(v, "tolist"):
-        return _plain(v.tolist())
+        return _plain(v.tolist(), depth)
     return v
 
 
@@ -185,8 +189,6 @@ class MapFunction:
                 ex = self.one(row, plain=plain)
             except XtmlError as e:
                 ids, mask, err = [], [], str(e)
-            except RecursionError:
-                ids, mask, err = [], [], "the request is nested too deeply"
             except Exception as e:  # one odd value must not fail the whole map; the row says why
                 ids, mask, err = [], [], f"unexpected {type(e).__name__}: {e}"
             else:

@@ -353,9 +353,11 @@ def _refuse_special_spellings(plan: Plan, request: Any, specials: _Specials) -> 
     # rules that out before the walk that names a place, unless a spelling
     # holds a character JSON escapes.
     if specials.plain:
+        # The request's depth was measured when it was read, so this
+        # recurses no deeper than that.
         try:
             text = json.dumps([[t.name, t.params] for t in plan.tools] + [plan.response_schema], ensure_ascii=False)
-        except (TypeError, ValueError, RecursionError):
+        except (TypeError, ValueError):
             text = None
         if text is not None and not pattern.search(text):
             return
