@@ -293,3 +293,24 @@ def test_a_deep_responses_request_is_refused_naming_its_own_field(rig: Rig, fiel
 def test_a_request_at_the_limit_is_served(rig: Rig) -> None:
     r = _post(rig, "/v1/chat/completions", {**AT_THE_LIMIT, "max_tokens": 5})
     assert r.status_code == 200, r.text
+
+
+def test_an_engine_that_cannot_be_reached_is_told_without_its_address(caplog: pytest.LogCaptureFixture) -> None:
+    """The engine's address and the HTTP client's own words (hosts, ports,
+    paths of the network behind the gateway) stay in the log, under the id
+    the client is given."""
+    from tests.helpers.engines import closed_port, running
+    from xtml.serving.gateway import create_app
+
+    port = closed_port()
+    caplog.set_level(logging.WARNING, logger="xtml.serve")
+    with running(create_app(K3, vocab(), f"http://127.0.0.1:{port}", timeout=5)) as gw:
+        for stream in (False, True):
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**REQUEST, "stream": stream}, timeout=30)
+            text = r.text
+            assert str(port) not in text and "127.0.0.1" not in text and "Connect" not in text, text
+            assert "cannot reach the backend" in text, text
+            ref = re.search(r"error id ([0-9a-f]{12})", text)
+            assert ref is not None, text
+            logged = [rec.getMessage() for rec in caplog.records if ref.group(1) in rec.getMessage()]
+            assert logged and str(port) in logged[0], caplog.text

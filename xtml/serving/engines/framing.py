@@ -24,6 +24,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
+import secrets
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -39,6 +41,8 @@ from ..sampling import MAX_STOP as MAX_STOP  # its former home
 from ..sampling import MAX_STOP_CHARS as MAX_STOP_CHARS  # its former home
 from ..sampling import MAX_STOP_IDS as MAX_STOP_IDS  # its former home
 from ..sampling import sampling as sampling  # its former home
+
+log = logging.getLogger("xtml.serve")
 
 __all__ = [
     "MAX_LOGIT_BIAS",
@@ -556,17 +560,25 @@ def _event_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def _logged(message: str, e: TransportError, url: str) -> str:
+    """``message`` for the client, with an id; the engine's address and the
+    HTTP client's own words (which may name hosts, ports and paths of the
+    network behind the gateway) go to the log under that id."""
+    ref = secrets.token_hex(6)
+    log.warning("%s (error id %s): %s: %s: %s", message, ref, url, type(e).__name__, e)
+    return f"{message} (error id {ref}: the server's log has the details)"
+
+
 def transport_error(e: TransportError, url: str) -> BackendError:
     """A failed call to the engine at ``url``: 504 when it timed out, else 502."""
     if isinstance(e, Timeout):
-        return BackendError(f"the backend at {url} did not answer in time ({e})", status=504,
+        return BackendError(_logged("the backend did not answer in time", e, url), status=504,
                             code="backend_timeout")
     if isinstance(e, ConnectError):
-        return BackendError(f"cannot reach the backend at {url}: {e}", code="backend_unreachable")
+        return BackendError(_logged("cannot reach the backend", e, url), code="backend_unreachable")
     if isinstance(e, ProtocolError):
-        return garbage(f"not HTTP/1.1: {e}", "http")
-    return BackendError(f"the connection to the backend at {url} failed: {type(e).__name__}: {e}",
-                        code="backend_connection_lost")
+        return garbage(_logged("not HTTP/1.1", e, url), "http")
+    return BackendError(_logged("the connection to the backend failed", e, url), code="backend_connection_lost")
 
 
 def status_error(status: int, content: bytes, url: str) -> BackendError:
