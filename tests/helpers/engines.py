@@ -49,12 +49,14 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import httpx
 import uvicorn
 
 Scope = dict[str, Any]
@@ -502,6 +504,31 @@ def running(app: Any) -> Iterator[Running]:
         yield r
     finally:
         r.stop()
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
+    """End a server the test started: asked to stop, then killed if it
+    does not within ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], startup: float) -> bool:
+    """Whether ``url``'s ``/health`` answered 200 within ``startup`` seconds
+    while ``proc`` kept running."""
+    deadline = time.monotonic() + startup
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    return False
 
 
 def closed_port() -> int:

@@ -6,7 +6,6 @@ gateway in front of it."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import httpx
 import openai
 
 import xtml
-from tests.helpers.engines import closed_port, running
+from tests.helpers.engines import closed_port, running, stop_process, wait_healthy
 from tests.helpers.gguf import write_tiny_llama
 from tests.helpers.need import need
 from tests.helpers.serve import REQUEST
@@ -53,17 +52,9 @@ class Engine:
             [server, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
              "--ctx-size", str(CTX), "--parallel", "1", "--threads", "1", "--no-webui", "--no-warmup"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server did not start; its log: {folder / 'llama-server.log'}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        if not wait_healthy(self.url, self.proc, STARTUP_S):
+            self.stop()
+            raise RuntimeError(f"llama-server did not start; its log: {folder / 'llama-server.log'}")
 
     def complete(self, prompt: list[int], **fields: Any) -> dict[str, Any]:
         """The engine called directly, as its documentation says."""
@@ -74,12 +65,7 @@ class Engine:
         return out
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
         self.log.close()
 
 
@@ -117,24 +103,11 @@ def real_model_server(tmp_path_factory: Any, model: str, name: str) -> Iterator[
              "--parallel", "1", "--threads", "2", "--no-webui", "--jinja"],
             stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + REAL_STARTUP_S
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server did not start; its log:\n{log_path.read_text()[-4000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
+            if not wait_healthy(url, proc, REAL_STARTUP_S):
+                raise RuntimeError(f"llama-server did not start; its log:\n{log_path.read_text()[-4000:]}")
             yield url
             # A crash in a decode kills the process: it must have survived
             # every request of the module.
             assert proc.poll() is None, f"llama-server died; its log:\n{log_path.read_text()[-4000:]}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_process(proc)

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.engines import stop_process
+
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).parent.parent.parent
@@ -78,12 +80,7 @@ def playground_printing(*args: str, env: dict[str, str] | None = None) -> Iterat
         assert url, f"xtml playground did not start: {''.join(lines)[-2000:]}"
         yield url[0], lines
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
         reader.join(10)
 
 
