@@ -300,6 +300,12 @@ class Template:
         per vocabulary and markers, and kept on the vocabulary)."""
         return bound(self.markers, self._vocab(tokenizer))
 
+    def _own_tokens(self) -> tuple[str, ...]:
+        """The token strings the format writes: a tokenizer object that gains
+        one after a first use (as the error for one without them advises)
+        gets a new copy."""
+        return tuple(self.markers.all())
+
     def _vocab(self, tokenizer: TokenizerLike) -> Vocabulary:
         if isinstance(tokenizer, Vocabulary):
             return tokenizer
@@ -312,10 +318,8 @@ class Template:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and type(backend).__module__.startswith("tokenizers"):
             tokenizer = backend
-        # Marker tokens added to the object after a first use (as the error
-        # for a tokenizer without them advises) make a new copy.
         token_to_id = getattr(tokenizer, "token_to_id", None)
-        stamp = tuple(token_to_id(m) for m in self.markers.all()) if callable(token_to_id) else ()
+        stamp = tuple(token_to_id(m) for m in self._own_tokens()) if callable(token_to_id) else ()
         try:
             hit = self._copies.get(tokenizer)
             weak = True
@@ -604,29 +608,8 @@ class LayoutTemplate(Template):
         # gateway reads what both have (vocab, stop_ids, text_table, text_strs).
         return layout_codec.bind(self.layout, self._vocab(tokenizer))
 
-    def _vocab(self, tokenizer: TokenizerLike) -> Vocabulary:
-        if isinstance(tokenizer, Vocabulary):
-            return tokenizer
-        if isinstance(tokenizer, str | os.PathLike):
-            return super()._vocab(tokenizer)
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None and type(backend).__module__.startswith("tokenizers"):
-            tokenizer = backend
-        try:
-            hit = self._copies.get(tokenizer)
-            weak = True
-        except TypeError:  # no weak reference to it: kept by id(), with the object
-            pinned = self._pinned.get(id(tokenizer))
-            hit = pinned[1:] if pinned is not None and pinned[0] is tokenizer else None
-            weak = False
-        if hit is not None:
-            return hit[1]
-        vocab = Vocabulary(tokenizer)
-        if weak:
-            self._copies[tokenizer] = ((), vocab)
-        else:
-            self._pinned.put(id(tokenizer), (tokenizer, (), vocab))
-        return vocab
+    def _own_tokens(self) -> tuple[str, ...]:
+        return self.layout.tokens
 
     def generation_prompt(self, *, thinking: bool | None = None) -> list[Segment]:
         from .chat.layout_pattern import Builder
