@@ -409,7 +409,9 @@ def test_templates_json() -> None:
     assert code == 0
     rows = json.loads(out)
     assert [(r["name"], r["engine"]) for r in rows] == [("kimi-k3", "xtml"), ("xtml-base", "xtml"),
-                                                        ("smollm2", "layout"), ("qwen3", "layout")]
+                                                        ("smollm2", "layout"), ("qwen3", "layout"),
+                                                        ("llama-3.1", "layout"), ("deepseek-v3.1", "layout"),
+                                                        ("kimi-k2", "layout"), ("kimi-k2-thinking", "layout")]
     assert rows[0]["aliases"] == ["k3"] and all(Path(r["path"]).is_file() for r in rows)
 
 

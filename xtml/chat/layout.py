@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .layout_pattern import Pattern, token_char, token_finder
+from .layout_turn import TurnLayout
 
-__all__ = ["DROP", "EACH", "HISTORY", "REFUSE", "STOP_MEANINGS", "SYSTEM", "LayoutDialect", "RoleFrame",
-           "RoleLayout"]
+__all__ = ["DROP", "EACH", "HISTORY", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYSTEM", "TURN", "LayoutDialect",
+           "RoleFrame", "RoleLayout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +53,15 @@ STOP_MEANINGS = ("end", "tool_calls", "message_end", "tool_wait")
 tools (``tool_calls``), one message of a turn ended and the turn may go on
 (``message_end``), the model waits for tool results (``tool_wait``)."""
 
+MESSAGE_CONDS = ("after_user", "after_tool", "has_calls")
+"""What a message's frame and body may ask of it: whether the message before
+it (system messages aside) is a user message or a tool result, whether it
+has calls. The prompt may ask ``after_user`` of the last message."""
+
 DROP = "drop"
 REFUSE = "refuse"
 SYSTEM = "system"
+TURN = "turn"
 EACH = "each"
 HISTORY = "history"
 
@@ -118,7 +125,8 @@ class LayoutDialect:
     reasoning_show: str = "never"
     """With ``reasoning = "history"``: which assistant messages show their
     reasoning: ``after_last_query`` (after the last user message that is a
-    query, not tool results)."""
+    query, not tool results) or ``after_last_answer`` (after the last
+    assistant message without calls)."""
     query_excludes: tuple[str, str] | None = None
     """A user message that starts and ends with these is not a query."""
     reasoning_last: bool = False
@@ -129,6 +137,59 @@ class LayoutDialect:
     calls_each: Pattern | None = None
     """With ``calls = "each"``: one call (slots ``name``, ``arguments``;
     conditions ``first``, ``has_content``)."""
+    role_names: bool = False
+    """A message's name, when it has one, is written as its role text (and
+    read back from it); else a name is dropped."""
+    tools_turn: Pattern | None = None
+    """With ``tools = "turn"``: the declaration's own turn, written first
+    (slot ``tools``: the list as transformers' ``tojson`` writes it)."""
+    calls_section: Pattern | None = None
+    """The section an assistant's calls are written in (slot ``calls``),
+    when it has calls."""
+    call_ids: str = "absent"
+    """How a call's id (slot ``id`` of :attr:`calls_each`) is written:
+    ``absent``, ``given`` (as the request gives it, empty when it gives
+    none) or ``generated`` (by :attr:`call_id`)."""
+    call_id: Pattern | None = None
+    """The spelling of a generated id (slots ``name``, ``index``: the call's
+    index in its message); a format that writes no name reads it back out
+    of an id of this spelling."""
+    arguments: str = "as_given"
+    """``as_given`` (a string as it is, an object as ``tojson``) or
+    ``tojson`` (either through ``tojson``: a string is quoted)."""
+    parts_by_role: Mapping[str, str] = field(default_factory=dict)
+    """Roles (and ``with_calls``: an assistant's content beside its calls)
+    whose content parts are treated otherwise than :attr:`content_parts`
+    (``keep``: the body writes the list itself)."""
+    image: Pattern | None = None
+    """How an image part is written where parts are joined (``None``: an
+    image part is refused)."""
+    reasoning_block: tuple[str, str] | None = None
+    """The reasoning block's opening and closing, around the reasoning as
+    written (no newline trimmed), on every assistant message."""
+    system_hoist: Pattern | None = None
+    """Where every system message is written, joined by
+    :attr:`system_join`, before all the others (slot ``system``): at the
+    start of the text. None: each in its place."""
+    system_join: str = "\n\n"
+    flags: tuple[str, ...] = ()
+    """Boolean message fields the patterns read as conditions (``prefix``)."""
+    message_conds: bool = False
+    """Whether frames, bodies or the prompt read the message conditions
+    (:data:`MESSAGE_CONDS` and :attr:`flags`)."""
+    content_cut: tuple[str, str] | None = None
+    """An assistant's content written only after the first occurrence of the
+    first string, unless the condition (the second) holds."""
+    reasoning_opened: tuple[str, str] | None = None
+    """The reasoning block a generation prompt may open (its two tokens): in
+    an answer, text before the closing token is reasoning."""
+    option_aliases: Mapping[str, str] = field(default_factory=dict)
+    """Option → another name it is read under when not given itself."""
+    header_turns: TurnLayout | None = None
+    """A format with a head, a system turn of its own and one call per turn
+    (:mod:`.layout_turn`); render and parse are then :mod:`.layout_turns`'."""
+    role_aliases: Mapping[str, str] = field(default_factory=dict)
+    """Roles read as another (``ipython`` as ``tool``)."""
     parseable: bool = True
     """Whether the format reads back by its frame patterns alone (each is
     :meth:`Pattern.parseable` and it has no tools, calls, reasoning policy
@@ -139,6 +200,13 @@ class LayoutDialect:
     efforts: tuple[str, ...] = ()
     default_effort: str = ""
     thinking_off: tuple[str, ...] = ()
+
+    @property
+    def turns(self) -> bool:
+        """Whether each message is a turn of its own that a token opens (no
+        frame shared by a run of messages): read by the turn reader."""
+        return self.tools == TURN or (bool(self.role_frames)
+                                      and not any(f.group for f in self.role_frames.values()))
 
     @property
     def tokens(self) -> tuple[str, ...]:

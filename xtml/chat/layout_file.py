@@ -15,14 +15,28 @@ from typing import Any, Protocol
 
 from ..errors import TemplateError
 from .dialect import Dialect
-from .layout import DROP, EACH, HISTORY, REFUSE, STOP_MEANINGS, SYSTEM, LayoutDialect, RoleFrame, RoleLayout
-from .layout_pattern import MAX_TOKENS, Pattern
+from .layout import (
+    DROP,
+    EACH,
+    HISTORY,
+    MESSAGE_CONDS,
+    REFUSE,
+    STOP_MEANINGS,
+    SYSTEM,
+    TURN,
+    LayoutDialect,
+    RoleFrame,
+    RoleLayout,
+)
+from .layout_pattern import MAX_TOKENS, Cond, Item, Pattern
+from .layout_turn import KEEP, STRING, STRINGS, TURNS
+from .layout_turns_file import CALL_KEYS, build_turns
 from .template_file import Problem, check, check_toml, first_or, is_layout, read_template, run_checks
 
 __all__ = ["SECTIONS", "build_layout", "check_any", "check_any_text", "load_any_dialect"]
 
 SECTIONS = ("template", "tokens", "stop", "roles", "frame", "system", "content", "calls", "tools", "reasoning",
-            "prompt", "options")
+            "prompt", "options", "turns")
 _TEMPLATE_KEYS = ("name", "description", "engine", "reference")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -142,13 +156,18 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
 
     op = _table(c, data, "options")
     options: dict[str, bool] = {}
+    aliases: dict[str, str] = {}
     for k, v in op.items():
+        if isinstance(v, dict) and v.get("type") in (STRING, STRINGS):
+            continue  # read with [turns]
         if not isinstance(v, dict) or v.get("type") != "bool" or not isinstance(v.get("default"), bool) \
-                or set(v) - {"type", "default"}:
-            c.add("an option is { type = \"bool\", default = true|false } (other types are not yet available)",
-                  f"options.{k}")
+                or set(v) - {"type", "default", "alias"} or not isinstance(v.get("alias", ""), str):
+            c.add("an option is { type = \"bool\", default = true|false } (other types are not yet available), "
+                  "maybe with alias = \"another name it is read under\"", f"options.{k}")
         else:
             options[k] = v["default"]
+            if v.get("alias"):
+                aliases[k] = v["alias"]
     conds = frozenset(options)
 
     fr = _table(c, data, "frame", required=True)
@@ -158,7 +177,11 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     frame_close = _pattern(c, _str(c, fr, "close", "frame"), tokens, frozenset(), conds, "frame.close")
 
     ro = _table(c, data, "roles", required=True)
-    c.keys(ro, ("accepted", "text", "body", "frame"), "roles")
+    c.keys(ro, ("accepted", "text", "body", "frame", "name", "flags", "alias"), "roles")
+    role_names = _choice(c, ro, "name", "roles", (DROP, "text"), DROP) == "text"
+    flags = _strings(c, ro, "flags", "roles")
+    # What a message's frame and body may ask of it.
+    mconds = conds | frozenset(MESSAGE_CONDS) | frozenset(flags)
     accepted = _strings(c, ro, "accepted", "roles")
     for r in ("system", "user", "assistant"):
         if r not in accepted:
@@ -183,13 +206,19 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         body_src = bodies.get(r, "{content}")
         assistant = r == "assistant"
         body = _pattern(c, body_src if isinstance(body_src, str) else None, tokens,
-                        frozenset({"content", "reasoning", "calls"} if assistant else {"content"}),
-                        conds | {"show_reasoning"} if assistant else conds, f"roles.body.{r}", ("content",))
+                        frozenset({"content", "reasoning", "calls"} if assistant else {"content", "tool_call_id"}),
+                        mconds | {"show_reasoning"} if assistant else mconds, f"roles.body.{r}", ("content",))
         if not isinstance(body_src, str):
             c.add("a body is a pattern (a string)", f"roles.body.{r}")
         if body is not None:
             roles[r] = RoleLayout(r, text, body)
 
+    role_aliases: dict[str, str] = {}
+    for r, v in _table(c, ro, "alias", "roles").items():
+        if r in accepted or v not in accepted:
+            c.add("an alias is a role that is not accepted, read as one that is", f"roles.alias.{r}")
+        else:
+            role_aliases[r] = v
     frames: dict[str, RoleFrame] = {}
     for r, tab in _table(c, ro, "frame", "roles").items():
         here = f"roles.frame.{r}"
@@ -200,21 +229,55 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         group = tab.get("group", "none")
         if group not in ("none", "run"):
             c.add("group is \"run\" (messages of the role in a row share one frame) or \"none\"", f"{here}.group")
-        fo = _pattern(c, _str(c, tab, "open", here), tokens, frozenset({"role"}), conds, f"{here}.open")
-        fc = _pattern(c, _str(c, tab, "close", here), tokens, frozenset(), conds, f"{here}.close")
+        fo = _pattern(c, _str(c, tab, "open", here), tokens, frozenset({"role"}), mconds, f"{here}.open")
+        fc = _pattern(c, _str(c, tab, "close", here), tokens, frozenset(), mconds, f"{here}.close")
         if fo is not None and fc is not None:
             frames[r] = RoleFrame(fo, fc, group == "run")
 
     sy = _table(c, data, "system")
-    c.keys(sy, ("default", "with_tools"), "system")
+    c.keys(sy, ("default", "with_tools", "hoist", "join"), "system")
+    hoist = _pattern(c, _str(c, sy, "hoist", "system", "") or None, tokens, frozenset({"system"}), conds,
+                     "system.hoist", ("system",))
+    join = _str(c, sy, "join", "system", "\n\n") or ""
     default_system = sy.get("default")
     if default_system is not None and not isinstance(default_system, str):
         c.add("'default' must be a string", "system.default")
         default_system = None
 
     co = _table(c, data, "content")
-    c.keys(co, ("parts", "missing"), "content")
-    parts = _choice(c, co, "parts", "content", (REFUSE, "join"), REFUSE)
+    c.keys(co, ("parts", "missing", "image", "cut"), "content")
+    cut = None
+    cut_tab = co.get("cut")
+    if cut_tab is not None:
+        after, unless = (cut_tab.get("after"), cut_tab.get("unless", "")) if isinstance(cut_tab, dict) else (None, "")
+        if not isinstance(after, str) or not after or not isinstance(unless, str) \
+                or set(cut_tab) - {"after", "unless"}:
+            c.add("cut is { after = \"text\", unless = \"a condition\" }: content is written after the first "
+                  "occurrence of the text", "content.cut")
+        else:
+            try:
+                if unless:
+                    Pattern.compile(f"{{?{unless}}}{{/}}", tokens, frozenset(), mconds, "content.cut.unless")
+                cut = (after, unless)
+            except TemplateError as e:
+                c.add(e.msg, "content.cut.unless")
+    parts_by_role: dict[str, str] = {}
+    given_parts = co.get("parts", REFUSE)
+    if isinstance(given_parts, dict):
+        # By role: { default = "join", tool = "refuse", with_calls = "refuse" };
+        # "keep": the body writes the list itself.
+        for r, v in given_parts.items():
+            if v not in (REFUSE, "join", KEEP) or (r not in ("default", "with_calls") and r not in accepted):
+                c.add("parts is \"refuse\", \"join\" or \"keep\", for default, with_calls and accepted roles",
+                      f"content.parts.{r}")
+            elif r != "default":
+                parts_by_role[r] = v
+        parts = given_parts.get("default", REFUSE)
+        if parts not in (REFUSE, "join"):
+            parts = REFUSE
+    else:
+        parts = _choice(c, co, "parts", "content", (REFUSE, "join"), REFUSE)
+    image = _pattern(c, _str(c, co, "image", "content", "") or None, tokens, frozenset(), conds, "content.image")
     missing_by_role: dict[str, str] = {}
     given_missing = co.get("missing", REFUSE)
     if isinstance(given_missing, dict):
@@ -230,8 +293,10 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     else:
         missing = _choice(c, co, "missing", "content", (REFUSE, "empty"), REFUSE)
     policies: dict[str, str] = {}
-    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM), "reasoning": (DROP, HISTORY)}
-    extra = {"calls": ("each",), "tools": ("each", "block"), "reasoning": ("show", "query_excludes", "last", "split")}
+    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS),
+             "reasoning": (DROP, HISTORY)}
+    extra = {"calls": ("each", "section", "ids", "id", *CALL_KEYS), "tools": ("each", "block", "turn"),
+             "reasoning": ("show", "query_excludes", "last", "split", "block", "opened")}
     tabs: dict[str, dict[str, Any]] = {}
     for section, allowed in kinds.items():
         tab = tabs[section] = _table(c, data, section)
@@ -239,10 +304,23 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         if "render" not in tab:
             c.add(f"[{section}] render is required: one of {', '.join(map(repr, allowed))}", section)
         policies[section] = _choice(c, tab, "render", section, allowed, DROP)
-    calls_each = tools_each = tools_block = with_tools = None
+    calls_each = tools_each = tools_block = with_tools = tools_turn = call_section = call_id = None
+    ct = tabs["calls"]
+    call_ids = _choice(c, ct, "ids", "calls", ("absent", "given", "generated"), "absent")
+    arguments = _choice(c, ct, "arguments", "calls", ("as_given", "tojson", "string"), "as_given")
     if policies["calls"] == EACH:
-        calls_each = _pattern(c, _str(c, tabs["calls"], "each", "calls"), tokens, frozenset({"name", "arguments"}),
-                              conds | {"first", "has_content"}, "calls.each", ("name", "arguments"))
+        call_slots = {"name", "arguments"} | ({"id"} if call_ids != "absent" else set())
+        calls_each = _pattern(c, _str(c, ct, "each", "calls"), tokens, frozenset(call_slots),
+                              conds | {"first", "has_content"}, "calls.each",
+                              ("arguments", "id") if call_ids != "absent" else ("name", "arguments"))
+        call_section = _pattern(c, _str(c, ct, "section", "calls", "") or None, tokens, frozenset({"calls"}), conds,
+                           "calls.section", ("calls",))
+        call_id = _pattern(c, _str(c, ct, "id", "calls", "") or None, tokens, frozenset({"name", "index"}),
+                           frozenset(), "calls.id", ("name",))
+        if call_ids == "generated" and call_id is None:
+            c.add("generated ids need their spelling: id = \"…{name}…\"", "calls.id")
+        if calls_each is not None and "name" not in calls_each.slots() and call_id is None:
+            c.add("a call that writes no {name} needs an id that spells it: id = \"…{name}…\"", "calls.each")
     if policies["tools"] == SYSTEM:
         tools_each = _pattern(c, _str(c, tabs["tools"], "each", "tools"), tokens, frozenset({"tool"}), conds,
                               "tools.each", ("tool",))
@@ -250,14 +328,17 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
                                "tools.block", ("tools",))
         with_tools = _pattern(c, _str(c, sy, "with_tools", "system"), tokens, frozenset({"system", "tools"}),
                               conds | {"has_system"}, "system.with_tools", ("tools",))
+    if policies["tools"] == TURN:
+        tools_turn = _pattern(c, _str(c, tabs["tools"], "turn", "tools"), tokens, frozenset({"tools"}), conds,
+                              "tools.turn", ("tools",))
     rt = tabs["reasoning"]
-    show = _choice(c, rt, "show", "reasoning", ("never", "after_last_query"), "never")
+    show = _choice(c, rt, "show", "reasoning", ("never", "after_last_query", "after_last_answer"), "never")
     last = rt.get("last", False)
     if not isinstance(last, bool):
         c.add("'last' must be true or false", "reasoning.last")
         last = False
     pairs: dict[str, tuple[str, str] | None] = {}
-    for key in ("query_excludes", "split"):
+    for key in ("query_excludes", "split", "block", "opened"):
         v = rt.get(key)
         if v is not None and not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) and x for x in v)):
             c.add(f"{key!r} is two non-empty strings: where it opens and where it closes", f"reasoning.{key}")
@@ -266,13 +347,21 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
 
     pr = _table(c, data, "prompt", required=True)
     c.keys(pr, ("body",), "prompt")
-    prompt = _pattern(c, _str(c, pr, "body", "prompt"), tokens, frozenset(), conds, "prompt.body")
+    prompt = _pattern(c, _str(c, pr, "body", "prompt"), tokens, frozenset(), conds | {"after_user"}, "prompt.body")
 
+    turns = build_turns(c, data, tokens, options, _pattern)
+    if (turns is None) != (policies["tools"] != TURNS) and not c.problems:
+        c.add("[tools] render = \"turns\" and a [turns] section go together", "turns")
     if c.problems or name is None or frame_open is None or frame_close is None or prompt is None:
         return None
     patterns = [frame_open, frame_close, prompt, *(r.body for r in roles.values())]
+    asked = frozenset(MESSAGE_CONDS) | frozenset(flags)
+    message_conds = any(_asks(p.items, asked) for p in
+                        [prompt, *(r.body for r in roles.values()), *(f.open for f in frames.values()),
+                         *(f.close for f in frames.values())])
     parseable = (all(p.parseable() for p in patterns) and not frames and policies["calls"] != EACH
-                 and policies["tools"] != SYSTEM and policies["reasoning"] != HISTORY)
+                 and policies["tools"] not in (SYSTEM, TURN) and policies["reasoning"] != HISTORY and not role_names
+                 and image is None and hoist is None and not message_conds)
     return LayoutDialect(
         name=name, description=description, path=path, reference=reference, special=special, added=added,
         stops=stops, roles=roles, frame_open=frame_open, frame_close=frame_close, prompt=prompt,
@@ -281,7 +370,20 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         tools=policies["tools"], reasoning=policies["reasoning"], options=options, role_frames=frames,
         tools_each=tools_each, tools_block=tools_block, system_with_tools=with_tools, reasoning_show=show,
         query_excludes=pairs["query_excludes"], reasoning_last=last, reasoning_split=pairs["split"],
-        calls_each=calls_each, parseable=parseable)
+        calls_each=calls_each, header_turns=turns, role_aliases=role_aliases,
+        role_names=role_names, tools_turn=tools_turn, calls_section=call_section,
+        call_ids=call_ids, call_id=call_id, arguments=arguments, parts_by_role=parts_by_role, image=image,
+        reasoning_block=pairs["block"], system_hoist=hoist, system_join=join, flags=flags,
+        message_conds=message_conds, content_cut=cut, reasoning_opened=pairs["opened"], option_aliases=aliases,
+        parseable=parseable)
+
+
+def _asks(items: tuple[Item, ...], names: frozenset[str]) -> bool:
+    """Whether a pattern's conditions name any of ``names``."""
+    for i in items:
+        if isinstance(i, Cond) and (any(w in names for w in i.name.split(" ")) or _asks(i.body, names)):
+            return True
+    return False
 
 
 def check_any(data: Any, path: str = "") -> tuple[Dialect | LayoutDialect | None, list[Problem]]:

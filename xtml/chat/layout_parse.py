@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ParseError, shown
 from ..lru import Lru
 from .layout import EACH, HISTORY, LayoutDialect
-from .layout_pattern import ANY_TEXT, TOKEN_BASE, Cond, Lit, Pattern, Slot, Tok, item_regex, options_of
+from .layout_pattern import ANY_TEXT, TOKEN_BASE, Cond, Lit, Pattern, Slot, Tok, items_regex, options_of
+from .layout_request import name_of_id
 
-__all__ = ["Lexed", "compiled", "parse_completion", "parse_prompt", "shape"]
+__all__ = ["Lexed", "compiled", "first_of", "parse_completion", "parse_prompt", "shape"]
 
 
 class Lexed(NamedTuple):
@@ -37,7 +38,9 @@ class _Compiled:
         self.chars = chars
         self.open = re.compile(d.frame_open.regex(chars))
         close = d.frame_close.regex(chars)
-        self.bodies = {r.text: (r.name, re.compile(r.body.regex(chars) + close)) for r in d.roles.values()}
+        closed = d.frame_close.opens_with_token
+        self.bodies = {r.text: (r.name, re.compile(r.body.regex(chars, closed=closed) + close))
+                       for r in d.roles.values()}
 
         self.taken: list[tuple[str, bool]] = []
         self.prompt = re.compile(d.prompt.regex(chars, None, self.taken))
@@ -67,6 +70,10 @@ def compiled(d: LayoutDialect) -> _Compiled:
 def parse_prompt(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
     """A whole rendered request back to its normal form; raises
     :class:`ParseError` at the first place it is not of the format."""
+    if d.system_hoist is not None:
+        return _parse_hoisted(d, lx)
+    if d.turns:
+        return _parse_turns(d, lx)
     if not d.parseable:
         return _parse_rich(d, lx)
     c = compiled(d)
@@ -98,27 +105,50 @@ def parse_prompt(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
     return {"messages": messages, "add_generation_prompt": agp, **conds}
 
 
-def _slot_regex(p: Pattern, chars: Mapping[str, str], subs: Mapping[str, str]) -> str:
-    """A pattern's regular expression with some slots replaced by others'."""
+def _slot_regex(p: Pattern, chars: Mapping[str, str], subs: Mapping[str, str], then: str = "",
+                tight: Mapping[str, Callable[[str], str | None]] | None = None) -> str:
+    """A pattern's regular expression with some slots replaced by others'.
+    ``then``: the token that follows the pattern in the expression, if one
+    does; ``tight``: for a replaced slot, its expression when it is right
+    before a given token (None where that token does not end it)."""
     out: list[str] = []
-    for i in p.items:
+    items = p.items
+    for k, i in enumerate(items):
+        after = items[k + 1] if k + 1 < len(items) else None
+        nxt = chars[after.token] if isinstance(after, Tok) else then if after is None else ""
         if isinstance(i, Slot) and i.name in subs:
-            out.append(subs[i.name])
+            fast = tight[i.name](nxt) if tight is not None and i.name in tight and nxt else None
+            out.append(subs[i.name] if fast is None else fast)
         else:
-            out.append(item_regex(i, chars, None, None))
+            out.append(items_regex((i,), chars, None, None, bool(nxt)))
     return "".join(out)
+
+
+def _all_text(name: str) -> Callable[[str], str | None]:
+    """A text slot right before a token: all the text up to the token."""
+    return lambda then: f"(?P<{name}>{ANY_TEXT}*+)"
+
+
+def _first_token(p: Pattern, chars: Mapping[str, str]) -> str:
+    """The token a pattern starts with, or "" when it starts otherwise."""
+    first = p.items[0] if p.items else None
+    return chars[first.token] if isinstance(first, Tok) else ""
 
 
 class _Rich(NamedTuple):
     system_with_tools: re.Pattern[str] | None
     open: re.Pattern[str]
-    close: str
-    runs: dict[str, tuple[re.Pattern[str], re.Pattern[str], str]]
+    close: re.Pattern[str]
+    runs: dict[str, tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]]
     """Role → its frame's open, its body (slot ``content``), its close."""
     bodies: dict[str, re.Pattern[str]]
     """Role text → the body and close of a role's message, but the assistant's."""
     prompt: re.Pattern[str]
     taken: list[tuple[str, bool]]
+    names: dict[str, str]
+    """Role text → the first role written with it."""
+    end: str
+    """The frame's closing token (where an assistant's message ends), or none."""
 
 
 def _rich(d: LayoutDialect) -> _Rich:
@@ -129,18 +159,27 @@ def _rich(d: LayoutDialect) -> _Rich:
         swt = re.compile(_slot_regex(d.system_with_tools, chars, {"tools": block}))
     close = d.frame_close.regex(chars)
     runs = {r: (re.compile(f.open.regex(chars).replace("(?P<role>", "(?:")),
-                re.compile(d.roles[r].body.regex(chars)), f.close.regex(chars))
+                re.compile(d.roles[r].body.regex(chars)), re.compile(f.close.regex(chars)))
             for r, f in d.role_frames.items()}
-    bodies = {r.text: re.compile(r.body.regex(chars) + close) for r in d.roles.values() if r.name != "assistant"}
+    closed = d.frame_close.opens_with_token
+    bodies = {r.text: re.compile(r.body.regex(chars, closed=closed) + close) for r in d.roles.values()
+              if r.name != "assistant"}
     taken: list[tuple[str, bool]] = []
     prompt = re.compile(d.prompt.regex(chars, None, taken))
-    return _Rich(swt, re.compile(d.frame_open.regex(chars)), close, runs, bodies, prompt, taken)
+    names: dict[str, str] = {}
+    for r in d.roles.values():
+        names.setdefault(r.text, r.name)
+    ends = [chars[i.token] for i in d.frame_close.items if isinstance(i, Tok)]
+    return _Rich(swt, re.compile(d.frame_open.regex(chars)), re.compile(close), runs, bodies, prompt, taken,
+                 names, ends[0] if ends else "")
+
+
+_rich_readers: Lru[int, tuple[LayoutDialect, _Rich]] = Lru()
 
 
 def _parse_rich(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
-    rich = _rich(d)
+    rich = _made(_rich_readers, d, _rich)
     s = lx.text
-    chars = d.chars()
     messages: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
     pos = 0
@@ -151,12 +190,11 @@ def _parse_rich(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
                 messages.append({"role": "system", "content": m.group("system")})
             try:
                 result["tools"] = [json.loads(line) for line in m.group("tools").split("\n")[1:]]
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
             pos = m.end()
     conds = dict(d.options)
     agp = False
-    close_chars = [chars[i.token] for i in d.frame_close.items if isinstance(i, Tok)]
     while pos < len(s):
         mp = rich.prompt.fullmatch(s, pos)
         if mp is not None:
@@ -172,16 +210,16 @@ def _parse_rich(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
         if m is None:
             raise ParseError("expected the start of a message", offset=lx.offset(pos))
         role_text = m.group("role")
-        named = next((r.name for r in d.roles.values() if r.text == role_text), None)
+        named = rich.names.get(role_text)
         if named is None:
             raise ParseError(f"unknown role {shown(role_text)}", offset=lx.offset(m.start("role")))
         if named == "assistant":
-            end = s.find(close_chars[0], m.end()) if close_chars else -1
+            end = s.find(rich.end, m.end()) if rich.end else -1
             if end < 0:
                 raise ParseError("an assistant message that is not closed", offset=lx.offset(m.end()))
             sub = Lexed(s[m.end():end + 1], _shifted(lx, m.end()))
             msg = parse_completion(d, sub, lenient=False)
-            mc = re.compile(rich.close).match(s, end)
+            mc = rich.close.match(s, end)
             if mc is None:
                 raise ParseError("an assistant message that does not end as the format ends one",
                                  offset=lx.offset(end))
@@ -195,6 +233,265 @@ def _parse_rich(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
         messages.append({"role": named, "content": mb.group("content") or ""})
         pos = mb.end()
     return {"messages": messages, **result, "add_generation_prompt": agp, **conds}
+
+
+class _Turns(NamedTuple):
+    tools: re.Pattern[str] | None
+    """The declaration's turn (group ``tools``)."""
+    opens: list[tuple[str, re.Pattern[str]]]
+    """Each role and its frame's open (group ``role``), in the order a text
+    that names no role tries them: bodies that start with text first."""
+    bodies: dict[str, re.Pattern[str]]
+    """Each role but the assistant's: its body and close."""
+    close: dict[str, re.Pattern[str]]
+    """Each role's close."""
+    end: str
+    """The token that ends an assistant's turn (read as its answer's stop)."""
+    image: re.Pattern[str] | None
+    prompt: re.Pattern[str]
+    taken: list[tuple[str, bool]]
+
+
+def _turns(d: LayoutDialect) -> _Turns:
+    chars = d.chars()
+    tools = None
+    if d.tools_turn is not None:
+        tools = re.compile(_slot_regex(d.tools_turn, chars, {"tools": f"(?P<tools>{ANY_TEXT}*?)"},
+                                       tight={"tools": _all_text("tools")}))
+    image = d.image.regex(chars) if d.image is not None else None
+    content = {"content": f"(?P<content>(?:{ANY_TEXT}|{image})*?)"} if image is not None else {}
+    # Before a token an image does not start with, the content is all the
+    # text and images there are: read without backtracking.
+    image_first = _first_token(d.image, chars) if d.image is not None else ""
+
+    def tight(then: str) -> str | None:
+        if image is None or not image_first or then == image_first:
+            return None
+        return f"(?P<content>{ANY_TEXT}*+(?:{image}{ANY_TEXT}*+)*+)"
+
+    def frame(role: str) -> tuple[Pattern, Pattern]:
+        f = d.role_frames.get(role)
+        return (d.frame_open, d.frame_close) if f is None else (f.open, f.close)
+
+    order = sorted(d.roles, key=lambda r: not (d.roles[r].body.items and isinstance(d.roles[r].body.items[0], Lit)))
+    opens = [(r, re.compile(frame(r)[0].regex(chars))) for r in order]
+    close = {r: frame(r)[1].regex(chars) for r in d.roles}
+    bodies = {r: re.compile(_slot_regex(d.roles[r].body, chars, content, _first_token(frame(r)[1], chars),
+                                        {"content": tight}) + close[r])
+              for r in d.roles if r != "assistant"}
+    closes = {r: re.compile(c) for r, c in close.items()}
+    taken: list[tuple[str, bool]] = []
+    prompt = re.compile(d.prompt.regex(chars, None, taken))
+    ends = [i.token for i in frame("assistant")[1].items if isinstance(i, Tok)]
+    return _Turns(tools, opens, bodies, closes, chars[ends[0]] if ends else "",
+                  re.compile(image) if image is not None else None, prompt, taken)
+
+
+_turn_readers: Lru[int, tuple[LayoutDialect, _Turns]] = Lru()
+
+
+def _parse_turns(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
+    """A prompt of a format whose messages are each a turn a token opens:
+    the role told by the open and its text, or (where a name is written as
+    role text) by which role's body the turn holds."""
+    t = _made(_turn_readers, d, _turns)
+    s = lx.text
+    messages: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    pos = 0
+    if t.tools is not None:
+        m = t.tools.match(s)
+        if m is not None:
+            try:
+                result["tools"] = json.loads(m.group("tools"))
+            except (ValueError, RecursionError):
+                raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
+            pos = m.end()
+    conds = dict(d.options)
+    agp = False
+    while pos < len(s):
+        mp = t.prompt.fullmatch(s, pos)
+        if mp is not None:
+            agp = True
+            conds = options_of(mp, t.taken, d.options)
+            break
+        found = [(r, m) for r, rx in t.opens if (m := rx.match(s, pos)) is not None]
+        if not found:
+            raise ParseError("expected the start of a message", offset=lx.offset(pos))
+        text = found[0][1].group("role")
+        if not d.role_names and not any(d.roles[r].text == text for r, _ in found):
+            raise ParseError(f"unknown role {shown(text)}", offset=lx.offset(found[0][1].start("role")))
+        if "assistant" in (r for r, _ in found):
+            msg, pos = _assistant_turn(d, t, lx, found[0][1].end())
+        else:
+            read = _read_turn(d, t, s, found[0][1].end(), [r for r, _ in found], text)
+            if read is None:
+                raise ParseError(f"a {found[0][0]} message that does not end as the format ends one",
+                                 offset=lx.offset(found[0][1].end()))
+            msg, pos = read
+        if text != d.roles[msg["role"]].text:
+            msg["name"] = text
+        messages.append(msg)
+    return {"messages": messages, **result, "add_generation_prompt": agp, **conds}
+
+
+def _read_turn(d: LayoutDialect, t: _Turns, s: str, at: int, roles: list[str], text: str) -> tuple[
+        dict[str, Any], int] | None:
+    """The turn at ``at`` (after its open) as the first of ``roles`` whose
+    body it holds: the role its text names first, then (where names are
+    role text) the others, bodies that start with text first."""
+    for role in sorted(roles, key=lambda r: d.roles[r].text != text):
+        mb = t.bodies[role].match(s, at)
+        if mb is not None:
+            msg: dict[str, Any] = {"role": role}
+            groups = mb.groupdict()
+            if groups.get("tool_call_id"):
+                msg["tool_call_id"] = groups["tool_call_id"]
+            msg["content"] = _content_of(t, groups.get("content") or "")
+            return msg, mb.end()
+        if not d.role_names:
+            break
+    return None
+
+
+def read_back(d: LayoutDialect, role: str, text: str, body: str) -> dict[str, Any] | None:
+    """A turn of a non-assistant message, opened with role text ``text``
+    and holding ``body`` (text), as a parse reads it back: where names are
+    role text, a turn another role's open also opens reads as the role its
+    text names or its body fits. None when it reads as written."""
+    if not d.role_names or not d.turns:
+        return None
+    t = _made(_turn_readers, d, _turns)
+    source = dict(t.opens)[role].pattern
+    roles = [r for r, rx in t.opens if rx.pattern == source and r != "assistant"]
+    read = _read_turn(d, t, body + t.end, 0, roles, text)
+    if read is None or read[0]["role"] == role:
+        return None
+    msg = read[0]
+    if text != d.roles[msg["role"]].text:
+        msg["name"] = text
+    return msg
+
+
+def _assistant_turn(d: LayoutDialect, t: _Turns, lx: Lexed, at: int) -> tuple[dict[str, Any], int]:
+    s = lx.text
+    end = s.find(t.end, at) if t.end else -1
+    mc = t.close["assistant"].match(s, end) if end >= 0 else None
+    if mc is None:
+        raise ParseError("an assistant message that is not closed", offset=lx.offset(at))
+    # The turn's close is its answer's stop token, as a model ends one.
+    msg = parse_completion(d, Lexed(s[at:end + 1], _shifted(lx, at)), lenient=False, history=True)
+    return msg, mc.end()
+
+
+def _content_of(t: _Turns, content: str) -> Any:
+    """Content as read: text, or parts where it holds an image."""
+    if t.image is None or t.image.search(content) is None:
+        return content
+    out: list[dict[str, Any]] = []
+    pos = 0
+    for m in t.image.finditer(content):
+        if m.start() > pos:
+            out.append({"type": "text", "text": content[pos:m.start()]})
+        out.append({"type": "image"})
+        pos = m.end()
+    if pos < len(content):
+        out.append({"type": "text", "text": content[pos:]})
+    return out
+
+
+class _Hoisted(NamedTuple):
+    start: re.Pattern[str]
+    """The hoisted system text (group ``system``)."""
+    opens: list[tuple[str, re.Pattern[str], re.Pattern[str]]]
+    """Each role but the assistant's and the system's: its open, and its
+    body and close."""
+    answer: re.Pattern[str]
+    """An assistant message's open (maybe nothing), its conditions taken."""
+    answer_taken: list[tuple[str, bool]]
+    end: str
+    prompt: re.Pattern[str]
+    taken: list[tuple[str, bool]]
+
+
+def _hoisted(d: LayoutDialect) -> _Hoisted:
+    chars = d.chars()
+    assert d.system_hoist is not None
+    start = re.compile(_slot_regex(d.system_hoist, chars, {"system": f"(?P<system>{ANY_TEXT}*)"}))
+
+    def frame(role: str) -> tuple[Pattern, Pattern]:
+        f = d.role_frames.get(role)
+        return (d.frame_open, d.frame_close) if f is None else (f.open, f.close)
+
+    opens = []
+    for r in d.roles:
+        if r in ("assistant", "system"):
+            continue
+        o, c = frame(r)
+        close = c.regex(chars)
+        # A turn with no close ends where the next token is: its text is all of the run.
+        content = f"(?P<content>{ANY_TEXT}*{'?' if close else ''})"
+        body = _slot_regex(d.roles[r].body, chars, {"content": content}, _first_token(c, chars),
+                           {"content": _all_text("content")})
+        opens.append((r, re.compile(o.regex(chars)), re.compile(body + close)))
+    answer_taken: list[tuple[str, bool]] = []
+    answer = re.compile(frame("assistant")[0].regex(chars, None, answer_taken))
+    ends = [i.token for i in frame("assistant")[1].items if isinstance(i, Tok)]
+    taken: list[tuple[str, bool]] = []
+    prompt = re.compile(d.prompt.regex(chars, None, taken))
+    return _Hoisted(start, opens, answer, answer_taken, chars[ends[0]] if ends else "", prompt, taken)
+
+
+_hoisted_readers: Lru[int, tuple[LayoutDialect, _Hoisted]] = Lru()
+
+
+def _parse_hoisted(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
+    """A prompt of a format that writes every system message first: the
+    system text, then each turn told by the token that opens it, an
+    assistant's by its open or by none (after a tool result or an answer)."""
+    h = _made(_hoisted_readers, d, _hoisted)
+    s = lx.text
+    m = h.start.match(s)
+    if m is None:
+        raise ParseError("expected the start of a conversation", offset=lx.offset(0))
+    messages: list[dict[str, Any]] = []
+    if m.group("system"):
+        messages.append({"role": "system", "content": m.group("system")})
+    pos = m.end()
+    conds = dict(d.options)
+    agp = False
+    while pos < len(s):
+        mp = h.prompt.fullmatch(s, pos)
+        if mp is not None:
+            agp = True
+            conds = {k: v for k, v in options_of(mp, h.taken, d.options).items() if k in d.options}
+            break
+        for role, opening, body in h.opens:
+            mo = opening.match(s, pos)
+            if mo is None or mo.end() == pos:
+                continue
+            mb = body.match(s, mo.end())
+            if mb is None:
+                raise ParseError(f"a {role} message that does not end as the format ends one",
+                                 offset=lx.offset(mo.end()))
+            messages.append({"role": role, "content": mb.group("content") or ""})
+            pos = mb.end()
+            break
+        else:
+            ma = h.answer.match(s, pos)
+            assert ma is not None  # every part of it is optional
+            end = s.find(h.end, ma.end()) if h.end else -1
+            if end < 0:
+                raise ParseError("an assistant message that is not closed", offset=lx.offset(ma.end()))
+            msg = parse_completion(d, Lexed(s[ma.end():end + 1], _shifted(lx, ma.end())), lenient=False,
+                                   history=True)
+            for k, (name, negate) in enumerate(h.answer_taken):
+                words = name.split(" ")
+                if ma.group(f"_c{k}") is not None and not negate:
+                    msg.update({f: True for f in d.flags if f in words and f"not {f}" not in name})
+            messages.append(msg)
+            pos = end + 1
+    return {"messages": messages, "add_generation_prompt": agp, **conds}
 
 
 def _shifted(lx: Lexed, base: int) -> Callable[[int], int]:
@@ -218,7 +515,7 @@ def _read_run(rich: _Rich, s: str, pos: int) -> tuple[str, list[str], int] | Non
                 break
             contents.append(mb.group("content") or "")
             at = mb.end()
-        mc = re.compile(close).match(s, at) if contents else None
+        mc = close.match(s, at) if contents else None
         if mc is not None:
             return role, contents, mc.end()
     return None
@@ -232,14 +529,31 @@ class _Shape(NamedTuple):
     stops: frozenset[str]
     think: tuple[str, str] | None
     call: tuple[str, str, re.Pattern[str], str] | None
+    section: tuple[str, str] | None = None
+    """The two tokens of the section the calls are in."""
+    exact: bool = False
+    """The reasoning block as written: no newline trimmed around it."""
+    opened: bool = False
+    """The generation prompt opens the reasoning block: text before its
+    closing token is reasoning."""
+
+    @property
+    def calls_open(self) -> str | None:
+        """The token that ends the content: the section's or the first call's."""
+        if self.section is not None:
+            return self.section[0]
+        return self.call[0] if self.call is not None else None
 
 
 def _shape(d: LayoutDialect) -> _Shape:
     chars = d.chars()
     think = None
-    split = d.reasoning_split
+    split = d.reasoning_split or d.reasoning_block
     if d.reasoning == HISTORY and split is not None and split[0] in chars and split[1] in chars:
         think = (chars[split[0]], chars[split[1]])
+    opened = d.reasoning_opened
+    if opened is not None and opened[0] in chars and opened[1] in chars:
+        think = (chars[opened[0]], chars[opened[1]])
     call = None
     each = d.calls_each
     if d.calls == EACH and each is not None:
@@ -252,9 +566,16 @@ def _shape(d: LayoutDialect) -> _Shape:
         if len(toks) >= 2 and toks[0] == 0 and toks[-1] == len(items) - 1:
             first, last = items[0], items[-1]
             assert isinstance(first, Tok) and isinstance(last, Tok)
-            inner = "".join(item_regex(i, chars, None, None) for i in items[1:-1])
+            inner = items_regex(items[1:-1], chars, None, None)
             call = (chars[first.token], chars[last.token], re.compile(inner, re.S), sep)
-    return _Shape(frozenset(chars[t] for t in d.stops), think, call)
+    section = None
+    if d.calls_section is not None:
+        ends = [i.token for i in d.calls_section.items if isinstance(i, Tok)]
+        if len(ends) == 2:
+            section = (chars[ends[0]], chars[ends[1]])
+    by_prompt = think is not None and opened is not None
+    return _Shape(frozenset(chars[t] for t in d.stops), think, call, section,
+                  d.reasoning_block is not None or by_prompt, by_prompt)
 
 
 def shape(d: LayoutDialect) -> _Shape:
@@ -297,43 +618,73 @@ def _text(r: _Repairs, s: str, base: int) -> str:
     return "".join(out)
 
 
-def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> dict[str, Any]:
+def first_of(s: str, chars: Iterable[str], start: int = 0) -> int:
+    """Where the first of ``chars`` is in ``s`` from ``start`` on, or -1:
+    one search of the string per character (each bounded by the best found
+    so far), in C."""
+    end = len(s)
+    found = -1
+    for c in chars:
+        k = s.find(c, start, end)
+        if k >= 0:
+            end = found = k
+    return found
+
+
+def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool, history: bool = False) -> dict[str, Any]:
     """What a model generated after the generation prompt: one assistant
     message, read as the format writes one. Strict: it ends with a stop
     token with nothing after it, and holds nothing the format would not
     write; else a ParseError at the first problem. Lenient: never raises;
     each repair is a diagnostic at its token offset (a call cut off or
-    malformed is withheld, never half read)."""
+    malformed is withheld, never half read). ``history``: an assistant
+    message of a prompt, whose calls are read as the format wrote them (a
+    name the id does not spell, arguments that are not an object)."""
     sh = shape(d)
     s = lx.text
     r = _Repairs(d, lx, lenient)
-    stop_at = next((k for k, ch in enumerate(s) if ch in sh.stops), -1) if _TOKEN_CHAR.search(s) else -1
+    stop_at = first_of(s, sh.stops)
     body = s if stop_at < 0 else s[:stop_at]
     message: dict[str, Any] = {"role": "assistant"}
     start = 0
-    if sh.think is not None and body[:1] == sh.think[0]:
+    if sh.opened and sh.think is not None:
+        # The prompt opened the block (with thinking on): what comes before
+        # its close is reasoning; without a close there is none. A prompt's
+        # message shows none.
+        ci = -1 if history else body.find(sh.think[1])
+        if ci >= 0:
+            reasoning = _text(r, body[:ci], 0)
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            start = ci + 1
+    elif sh.think is not None and body[:1] == sh.think[0]:
         # The reasoning block opens the answer, as the format writes it; a
         # reasoning token anywhere else is out of place.
         ci = body.find(sh.think[1])
         head = body[1:ci if ci >= 0 else len(body)]
-        reasoning = _text(r, head, 1).strip("\n")
+        reasoning = _text(r, head, 1)
+        if not sh.exact:
+            reasoning = reasoning.strip("\n")
         if ci < 0:
             r.add("truncated", len(s) if stop_at < 0 else stop_at, "the reasoning block is not closed")
             start = len(body)
         else:
             start = ci + 1
-            while start < len(body) and body[start] == "\n":
+            while not sh.exact and start < len(body) and body[start] == "\n":
                 start += 1
         if reasoning:
             message["reasoning_content"] = reasoning
     region = body[start:]
     calls: list[dict[str, Any]] = []
-    j = region.find(sh.call[0]) if sh.call is not None else -1
+    opens = sh.calls_open
+    j = region.find(opens) if opens is not None else -1
     text = region if j < 0 else region[:j]
     if j >= 0 and sh.call is not None and sh.call[3] and text.endswith(sh.call[3]):
         text = text[:-len(sh.call[3])]
     message["content"] = _text(r, text, start)
-    if j >= 0 and sh.call is not None:
+    if j >= 0 and sh.call is not None and sh.section is not None:
+        _section_of(r, region, j, start, sh, calls, history)
+    elif j >= 0 and sh.call is not None:
         _calls_of(r, region, j, start, sh.call, calls)
     if calls:
         message["tool_calls"] = calls
@@ -346,8 +697,22 @@ def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> dict[str,
     return message
 
 
+def _section_of(r: _Repairs, region: str, pos: int, base: int, sh: _Shape, out: list[dict[str, Any]],
+                history: bool) -> None:
+    """The calls of a section that opens at ``pos``: nothing but calls in
+    it, nothing after it."""
+    assert sh.section is not None and sh.call is not None
+    end = region.find(sh.section[1], pos + 1)
+    inside = region[pos + 1:] if end < 0 else region[pos + 1:end]
+    _calls_of(r, inside, 0, base + pos + 1, sh.call, out, history)
+    if end < 0:
+        r.add("truncated", base + len(region), "the tool-call section is not closed")
+    elif end + 1 < len(region):
+        r.add("stray-content", base + end + 1, "what follows the tool-call section is left out")
+
+
 def _calls_of(r: _Repairs, region: str, pos: int, base: int, call: tuple[str, str, re.Pattern[str], str],
-              out: list[dict[str, Any]]) -> None:
+              out: list[dict[str, Any]], history: bool = False) -> None:
     opening, closing, inner, sep = call
     n = len(region)
     while pos < n:
@@ -364,19 +729,48 @@ def _calls_of(r: _Repairs, region: str, pos: int, base: int, call: tuple[str, st
             r.add("truncated", base + n, f"tool call {len(out) + 1} is not closed: it is withheld")
             return
         body = region[pos + 1:k]
+        # A full match holds no token but the pattern's own: its slots are text.
         m = inner.fullmatch(body)
-        if m is None or _TOKEN_CHAR.search(body):
+        if m is None:
             r.add("bad-call", base + pos, f"tool call {len(out) + 1} is not written as the format writes one: "
                                           "it is withheld")
         else:
-            args = m.group("arguments")
-            try:
-                ok = isinstance(json.loads(args), dict)
-            except ValueError:
-                ok = False
-            if not ok:
-                r.add("bad-argument", base + pos, f"the arguments of tool call {len(out) + 1} are not a JSON "
-                                                  "object: it is withheld")
+            found = _call_of(r.d, m, history)
+            if isinstance(found, str):
+                r.add("bad-argument" if found.startswith("the arguments") else "bad-call", base + pos,
+                      f"{found.replace('#', str(len(out) + 1))}: it is withheld")
             else:
-                out.append({"type": "function", "function": {"name": m.group("name"), "arguments": args}})
+                out.append(found)
         pos = k + 1
+
+
+def _call_of(d: LayoutDialect, m: re.Match[str], history: bool) -> dict[str, Any] | str:
+    """A call read out of its match, or what is wrong with it (``#`` for
+    its number)."""
+    args = m.group("arguments")
+    try:
+        value = json.loads(args)
+    except (ValueError, RecursionError):
+        value = None
+    if d.arguments == "tojson" and isinstance(value, str):
+        # Written through tojson: a string argument is a JSON string.
+        args = value
+        try:
+            value = json.loads(args)
+        except (ValueError, RecursionError):
+            value = None
+    if not isinstance(value, dict) and not history:
+        return "the arguments of tool call # are not a JSON object"
+    groups = m.groupdict()
+    call_id = groups.get("id")
+    name = groups.get("name")
+    if name is None:
+        name = name_of_id(d, call_id or "")
+        if name is None:
+            if not history:
+                return f"tool call # has an id that names no tool ({shown(call_id or '')})"
+            name = ""
+    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
+    if call_id:
+        call["id"] = call_id
+    return call

@@ -11,6 +11,7 @@ regular expression over it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ..errors import TemplateError, shown
 from ..markup.segments import Segment
 
 __all__ = ["ANY_TEXT", "CODECS", "MAX_TOKENS", "TOKEN_BASE", "Builder", "Cond", "Item", "Lit", "Pattern", "Slot",
-           "Tok", "Value", "holds", "item_regex", "options_of", "token_char", "token_finder"]
+           "Tok", "Value", "holds", "item_regex", "items_regex", "options_of", "token_char", "token_finder"]
 
 
 TOKEN_BASE = 0xD800
@@ -72,6 +73,8 @@ CODECS: dict[str, Callable[[str], str]] = {
     "lstrip_nl": lambda v: v.lstrip("\n"),
     "rstrip_nl": lambda v: v.rstrip("\n"),
     "trim": lambda v: v.strip(),
+    # transformers' tojson: a string as a quoted JSON string.
+    "tojson": lambda v: json.dumps(v, ensure_ascii=False),
 }
 """The ways a slot's value may be written (Python's ``str.strip`` family:
 what the official templates apply)."""
@@ -186,13 +189,18 @@ class Pattern:
         return _parseable(self.items, set())
 
     def regex(self, chars: Mapping[str, str], conds: Mapping[str, bool] | None = None,
-              taken: list[tuple[str, bool]] | None = None) -> str:
+              taken: list[tuple[str, bool]] | None = None, *, closed: bool = False) -> str:
         """A regular expression over a lexed string; each slot a named group.
         With ``conds``, conditions are decided; without, each conditional
         part is optional, and with ``taken`` it is a group named ``_c{k}``
         for ``taken[k]``, its condition and whether it is negated (so a
-        match says which options the text was written with)."""
-        return "".join(item_regex(i, chars, conds, taken) for i in self.items)
+        match says which options the text was written with). ``closed``:
+        what follows the pattern in the expression starts with a token."""
+        return items_regex(self.items, chars, conds, taken, closed)
+
+    @property
+    def opens_with_token(self) -> bool:
+        return bool(self.items) and isinstance(self.items[0], Tok)
 
 
 def _walk_slots(items: Sequence[Item], found: list[str]) -> None:
@@ -235,6 +243,31 @@ def _parseable(items: Sequence[Item], seen: set[str]) -> bool:
     return True
 
 
+def items_regex(items: Sequence[Item], chars: Mapping[str, str], conds: Mapping[str, bool] | None,
+                taken: list[tuple[str, bool]] | None, closed: bool = False) -> str:
+    """The expression of a run of items; ``closed``: what follows the run
+    starts with a token.
+
+    A slot before a token, with only literal text between, can only end
+    that text's length before the first token after its start (its text
+    holds none): it takes all the text there is and gives back that much
+    (with none between, it takes it without backtracking, ``*+``). The
+    same match as the shortest one, without the shortest match's step per
+    character."""
+    out: list[str] = []
+    n = len(items)
+    for k, i in enumerate(items):
+        if isinstance(i, Slot):
+            j = k + 1
+            while j < n and isinstance(items[j], Lit):
+                j += 1
+            if isinstance(items[j], Tok) if j < n else closed:
+                out.append(f"(?P<{i.name}>{ANY_TEXT}*{'+' if j == k + 1 else ''})")
+                continue
+        out.append(item_regex(i, chars, conds, taken))
+    return "".join(out)
+
+
 def item_regex(i: Item, chars: Mapping[str, str], conds: Mapping[str, bool] | None,
            taken: list[tuple[str, bool]] | None) -> str:
     if isinstance(i, Lit):
@@ -244,12 +277,12 @@ def item_regex(i: Item, chars: Mapping[str, str], conds: Mapping[str, bool] | No
     if isinstance(i, Slot):
         return f"(?P<{i.name}>{ANY_TEXT}*?)"
     if conds is not None:
-        return "".join(item_regex(j, chars, conds, taken) for j in i.body) if conds[i.name] != i.negate else ""
+        return items_regex(i.body, chars, conds, taken) if conds[i.name] != i.negate else ""
     if taken is None:
-        return f"(?:{''.join(item_regex(j, chars, conds, taken) for j in i.body)})?"
+        return f"(?:{items_regex(i.body, chars, conds, taken)})?"
     k = len(taken)
     taken.append((i.name, i.negate))
-    return f"(?P<_c{k}>{''.join(item_regex(j, chars, conds, taken) for j in i.body)})?"
+    return f"(?P<_c{k}>{items_regex(i.body, chars, conds, taken)})?"
 
 
 def options_of(m: re.Match[str], taken: list[tuple[str, bool]], defaults: Mapping[str, bool]) -> dict[str, bool]:

@@ -9,9 +9,10 @@ from typing import Any, NamedTuple
 
 from ..errors import OptionError
 from ..markup.segments import Segment
-from .layout import EACH, HISTORY, SYSTEM, LayoutDialect
-from .layout_pattern import Builder, Pattern
-from .layout_request import Dropped, Msg, read_request
+from .layout import EACH, HISTORY, SYSTEM, TURN, LayoutDialect
+from .layout_parse import read_back
+from .layout_pattern import Builder, Pattern, Value, holds
+from .layout_request import Dropped, Msg, name_of_id, read_request
 
 __all__ = ["Rendering", "normal_form", "render"]
 
@@ -31,11 +32,14 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
     msgs, resolved, dropped, opts = read_request(d, request, options)
     b = Builder()
     conds = {k: v for k, v in resolved.items() if k in d.options}
-    tools = opts.get("tools") if d.tools == SYSTEM else None
+    tools = opts.get("tools") if d.tools in (SYSTEM, TURN) else None
     start = 0
+    if tools and d.tools == TURN:
+        assert d.tools_turn is not None
+        d.tools_turn.render({"tools": _tojson(_tool_list(tools))}, conds, b)
+        tools = None  # declared in its own turn: the system turn is as without tools
     if tools:
-        if not isinstance(tools, list | tuple):
-            raise OptionError("tools must be a list of tool schemas", option="tools")
+        _tool_list(tools)
         has_system = msgs[0].role == "system"
         each, block, turn = d.tools_each, d.tools_block, d.system_with_tools
         assert each is not None and block is not None and turn is not None
@@ -52,27 +56,119 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
         start = int(has_system)
     elif d.default_system is not None and msgs[0].role != "system":
         _frame(d, "system", d.default_system, conds, b)
+    if d.system_hoist is not None:
+        d.system_hoist.render({"system": _hoisted(d, msgs)}, conds, b)
     last_query = _last_query(d, msgs)
     n = len(msgs)
+    prev = ""
     for k in range(start, n):
         m = msgs[k]
+        if d.system_hoist is not None and m.role == "system":
+            continue
         r = d.roles[m.role]
+        if d.message_conds:
+            conds, plain = _message_conds(d, m, prev, conds), conds
+            m = _cut(d, m, conds, dropped)
+            _hidden_flags(d, m, conds, dropped)
+            if m.role != "system":
+                prev = m.role
         frame = d.role_frames.get(m.role)
         if frame is None:
             opening, closing, group = d.frame_open, d.frame_close, False
         else:
             opening, closing, group = frame.open, frame.close, frame.group
         if not group or k == 0 or msgs[k - 1].role != m.role:
-            opening.render({"role": r.text}, conds, b)
+            opening.render({"role": m.name or r.text}, conds, b)
         if m.role == "assistant" and (d.reasoning == HISTORY or d.calls == EACH):
             _assistant(d, m, k, k == n - 1, last_query, conds, r.body, b, dropped)
         else:
-            r.body.render({"content": m.content}, conds, b)
+            r.body.render({"content": _content(d, m, m.content, conds), "tool_call_id": m.call_id}, conds, b)
         if not group or k == n - 1 or msgs[k + 1].role != m.role:
             closing.render({}, conds, b)
+        if d.message_conds:
+            conds = plain
     if resolved["add_generation_prompt"]:
+        if d.message_conds:
+            conds = {**conds, "after_user": prev == "user", "after_tool": prev == "tool"}
+            if not _written(d.prompt, conds):
+                dropped.append(Dropped(-1, "add_generation_prompt", f"the {d.name} format writes no generation "
+                                                                    f"prompt after a {prev or 'system'} message"))
         d.prompt.render({}, conds, b)
     return Rendering(b.finish(), tuple(dropped), resolved, opts)
+
+
+def _hoisted(d: LayoutDialect, msgs: Sequence[Msg]) -> str:
+    return d.system_join.join(m.content for m in msgs if m.role == "system")
+
+
+def _message_conds(d: LayoutDialect, m: Msg, prev: str, conds: Mapping[str, bool]) -> dict[str, bool]:
+    """What a message's frame and body may ask of it (``prev``: the role of
+    the message before it, system messages aside)."""
+    out = {**conds, "after_user": prev == "user", "after_tool": prev == "tool", "has_calls": bool(m.calls)}
+    for f in d.flags:
+        out[f] = f in m.flags
+    return out
+
+
+def _cut(d: LayoutDialect, m: Msg, conds: Mapping[str, bool], dropped: list[Dropped] | None) -> Msg:
+    """The message with its content cut where the format cuts an assistant's."""
+    cut = d.content_cut
+    if cut is None or m.role != "assistant" or cut[0] not in m.content or (cut[1] and holds(cut[1], conds)):
+        return m
+    if dropped is not None:
+        dropped.append(Dropped(m.at, "content", f"text before the first {cut[0]} is not written"))
+    return m._replace(content=m.content.split(cut[0], 1)[1])
+
+
+def _written(p: Pattern, conds: Mapping[str, bool]) -> bool:
+    b = Builder()
+    p.render({}, conds, b)
+    return bool(b.finish())
+
+
+def _shown_flags(d: LayoutDialect, m: Msg, conds: Mapping[str, bool]) -> list[str]:
+    """The message's flags that change how its frame is written (the others
+    the format does not show)."""
+    frame = d.role_frames.get(m.role)
+    opening = d.frame_open if frame is None else frame.open
+
+    def text(c: Mapping[str, bool]) -> str:
+        b = Builder()
+        opening.render({"role": d.roles[m.role].text}, c, b)
+        return "".join(seg.text for seg in b.finish())
+
+    here = text(conds)
+    return [f for f in sorted(m.flags) if text({**conds, f: False}) != here]
+
+
+def _hidden_flags(d: LayoutDialect, m: Msg, conds: Mapping[str, bool], dropped: list[Dropped]) -> None:
+    shown = _shown_flags(d, m, conds)
+    for f in sorted(m.flags):
+        if f not in shown:
+            dropped.append(Dropped(m.at, f, f"the {d.name} format does not show {f} here"))
+
+
+def _tool_list(tools: Any) -> list[Any]:
+    if not isinstance(tools, list | tuple):
+        raise OptionError("tools must be a list of tool schemas", option="tools")
+    return list(tools)
+
+
+def _content(d: LayoutDialect, m: Msg, content: str, conds: Mapping[str, bool]) -> Value:
+    """A message's content: its text, or its parts with each image as the
+    format's placeholder."""
+    if not m.parts:
+        return content
+    image = d.image
+    assert image is not None
+
+    def write(out: Builder) -> None:
+        for p in m.parts:
+            if p is None:
+                image.render({}, conds, out)
+            else:
+                out.text(p)
+    return write
 
 
 def _tojson(value: Any) -> str:
@@ -85,6 +181,9 @@ def _tojson(value: Any) -> str:
 def _last_query(d: LayoutDialect, msgs: Sequence[Msg]) -> int:
     """The index of the last user message that is a query (not tool results
     dressed as a user message); the last message's when there is none."""
+    if d.reasoning_show == "after_last_answer":
+        return next((k for k in range(len(msgs) - 1, -1, -1) if msgs[k].role == "assistant" and not msgs[k].calls),
+                    -1)
     if d.reasoning_show != "after_last_query":
         return len(msgs) - 1
     ex = d.query_excludes
@@ -118,15 +217,22 @@ def _assistant(d: LayoutDialect, m: Msg, k: int, last: bool, last_query: int, co
     if r and not show:
         dropped.append(Dropped(m.at, "content" if split else "reasoning_content",
                                "reasoning before the last query is not written"))
-    each = d.calls_each
+    each, section = d.calls_each, d.calls_section
 
-    def calls(out: Builder) -> None:
+    def each_call(out: Builder) -> None:
         assert each is not None
         for j, (name, args) in enumerate(m.calls):
-            each.render({"name": name, "arguments": args}, {**conds, "first": j == 0, "has_content": bool(content)},
-                        out)
+            each.render({"name": name, "arguments": args, "id": m.ids[j] if m.ids else ""},
+                        {**conds, "first": j == 0, "has_content": bool(content)}, out)
 
-    body.render({"content": content, "reasoning": r, "calls": calls}, {**conds, "show_reasoning": show}, b)
+    def calls(out: Builder) -> None:
+        if section is None:
+            each_call(out)
+        elif m.calls:
+            section.render({"calls": each_call}, conds, out)
+
+    body.render({"content": _content(d, m, content, conds), "reasoning": r, "calls": calls},
+                {**conds, "show_reasoning": show}, b)
 
 
 def _frame(d: LayoutDialect, role: str, content: str, conds: Mapping[str, bool], b: Builder) -> None:
@@ -139,6 +245,10 @@ def _frame(d: LayoutDialect, role: str, content: str, conds: Mapping[str, bool],
 def normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """The request as a parse of its render returns it: the default system
     message written out, the dropped fields gone."""
+    if d.system_hoist is not None:
+        return _hoisted_normal_form(d, request, options)
+    if d.turns:
+        return _turns_normal_form(d, request, options)
     if not d.parseable:
         return _rich_normal_form(d, request, options)
     msgs, resolved, _, _ = read_request(d, request, options)
@@ -184,3 +294,113 @@ def _rich_normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]
     if not resolved["add_generation_prompt"]:
         resolved.update(d.options)
     return {**result, **resolved}
+
+
+def _turns_normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`normal_form` of a format whose messages are each a turn of
+    their own: names where written as role text, calls with their ids as
+    written, tool results with their ids, reasoning where the policy shows
+    it, content with images as image parts."""
+    msgs, resolved, _, opts = read_request(d, request, options)
+    out: list[dict[str, Any]] = []
+    tools = opts.get("tools") if d.tools == TURN else None
+    if d.default_system is not None and msgs[0].role != "system":
+        out.append({"role": "system", "content": d.default_system})
+    last_query = _last_query(d, msgs)
+    n = len(msgs)
+    for k, m in enumerate(msgs):
+        msg: dict[str, Any] = {"role": m.role}
+        if m.name and m.name != d.roles[m.role].text:
+            msg["name"] = m.name
+        content = m.content
+        if m.role == "assistant":
+            content, r, show, _ = _reasoning_of(d, m, k, k == n - 1, last_query)
+            if show and r:
+                msg["reasoning_content"] = r
+            if m.calls:
+                msg["tool_calls"] = [_normal_call(d, m, j) for j in range(len(m.calls))]
+        elif m.call_id:
+            msg["tool_call_id"] = m.call_id
+        msg["content"] = _normal_parts(m) if m.parts else content
+        if m.name and m.role != "assistant" and not m.parts:
+            # A name written as role text may be another role's text, or
+            # open the turn another role's body fits: read as the parse reads.
+            b = Builder()
+            d.roles[m.role].body.render({"content": content, "tool_call_id": m.call_id}, {}, b)
+            msg = read_back(d, m.role, m.name, "".join(seg.text for seg in b.finish())) or msg
+        out.append(msg)
+    result: dict[str, Any] = {"messages": out}
+    if tools:
+        result["tools"] = json.loads(json.dumps(list(tools)))
+    if not resolved["add_generation_prompt"]:
+        resolved.update(d.options)
+    return {**result, **resolved}
+
+
+def _normal_call(d: LayoutDialect, m: Msg, j: int) -> dict[str, Any]:
+    name, args = m.calls[j]
+    if d.arguments == "tojson":
+        given = json.loads(args)
+        if isinstance(given, str):
+            args = given  # a string written quoted reads back as the string
+    each = d.calls_each
+    if each is not None and "name" not in each.slots():
+        name = name_of_id(d, m.ids[j]) or ""
+    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
+    if m.ids and m.ids[j]:
+        call["id"] = m.ids[j]
+    return call
+
+
+def _normal_parts(m: Msg) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in m.parts:
+        if p is None:
+            out.append({"type": "image"})
+        elif p:
+            if out and out[-1]["type"] == "text":
+                out[-1]["text"] += p
+            else:
+                out.append({"type": "text", "text": p})
+    return out
+
+
+def _hoisted_normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`normal_form` of a format that writes every system message
+    first: one system message of them all, then the others as written (an
+    assistant's content cut, its calls without ids, the flags it shows),
+    the generation prompt only where the format writes one."""
+    msgs, resolved, _, _ = read_request(d, request, options)
+    conds = {k: v for k, v in resolved.items() if k in d.options}
+    system = _hoisted(d, msgs)
+    out: list[dict[str, Any]] = []
+    prev = ""
+    for m in msgs:
+        if m.role == "system":
+            continue
+        mc = _message_conds(d, m, prev, conds)
+        m = _cut(d, m, mc, None)
+        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        if not prev and m.role == "assistant" and not _written(_open_of(d, m.role), mc):
+            # Nothing opens it: its content reads as the system text's end.
+            system, msg["content"] = system + m.content, ""
+        if m.calls:
+            msg["tool_calls"] = [{"type": "function", "function": {"name": name, "arguments": args}}
+                                 for name, args in m.calls]
+        for f in _shown_flags(d, m, mc):
+            msg[f] = True
+        out.append(msg)
+        prev = m.role
+    if system:
+        out.insert(0, {"role": "system", "content": system})
+    agp = resolved["add_generation_prompt"] and _written(d.prompt, {**conds, "after_user": prev == "user",
+                                                                     "after_tool": prev == "tool"})
+    resolved["add_generation_prompt"] = agp
+    if not agp:
+        resolved.update(d.options)
+    return {"messages": out, **resolved}
+
+
+def _open_of(d: LayoutDialect, role: str) -> Pattern:
+    frame = d.role_frames.get(role)
+    return d.frame_open if frame is None else frame.open

@@ -12,46 +12,66 @@ from __future__ import annotations
 
 import bisect
 import codecs
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..chat.layout import LayoutDialect
-from ..chat.layout_parse import Lexed, parse_completion, parse_prompt, shape
+from ..chat.layout_engine import parse_completion, parse_prompt
+from ..chat.layout_parse import Lexed, first_of, shape
 from ..chat.layout_pattern import TOKEN_BASE, Slot
 from ..errors import ParseError, shown
 from ..vocab.tokens import TokenBinding, locate, tokens_bound
 from ..vocab.vocabulary import Vocabulary
+from .layout_turns import TurnsLive
 from .stream import StreamEvent, StreamState
 
 __all__ = ["LayoutStream", "bind", "lex_text", "parse", "reasoning_length"]
 
 
 def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]) -> int:
-    """How many of an answer's ids are reasoning: up to and with the close
-    of its reasoning block, all of them when it never closes, none when it
-    has none."""
-    split = d.reasoning_split
-    if d.reasoning != "history" or split is None:
+    """How many of an answer's ids are reasoning, as the parse reads them:
+    up to and with the close of its reasoning block, all those before the
+    stop token when it never closes, none when it has none (the block does
+    not open the answer, or the prompt opened it and it closes after the
+    stop token or never)."""
+    sh = shape(d)
+    if sh.think is None or d.header_turns is not None:
         return 0
-    opening, closing = binding.token_ids.get(split[0]), binding.token_ids.get(split[1])
-    for k, t in enumerate(ids):
-        if t == closing:
-            return k + 1
-    return len(ids) if opening is not None and opening in ids else 0
+    try:
+        lx = lex_ids(binding, ids)
+    except ParseError as e:
+        # What comes before an id that is none (the parse refuses it).
+        lx = lex_ids(binding, ids[:e.offset])
+    s = lx.text
+    stop_at = first_of(s, sh.stops)
+    body = s if stop_at < 0 else s[:stop_at]
+    opening, closing = sh.think
+    if not sh.opened and body[:1] != opening:
+        return 0
+    ci = body.find(closing)
+    if ci >= 0:
+        return lx.offset(ci) + 1
+    if sh.opened:
+        return 0
+    return lx.offset(stop_at) if stop_at >= 0 else len(ids)
 
 
 def bind(d: LayoutDialect, vocab: Vocabulary) -> TokenBinding:
     return tokens_bound(d.special, d.added, tuple(d.stops), TOKEN_BASE, vocab)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def lex_text(d: LayoutDialect, text: str) -> Lexed:
     """Text as a parse reads it: every token string of the dialect is its
     token (a literal a content spelled reads as the token: the text form's
     ambiguity, reported on render)."""
-    for at, ch in enumerate(text):
-        if "\ud800" <= ch <= "\udfff":
-            raise ParseError(f"a lone surrogate (U+{ord(ch):04X}): text must be valid Unicode", offset=at,
-                             source=text)
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise ParseError(f"a lone surrogate (U+{ord(bad.group()):04X}): text must be valid Unicode",
+                         offset=bad.start(), source=text)
     chars = d.chars()
     pieces: list[str] = []
     starts: list[int] = []
@@ -137,6 +157,11 @@ class _RichLive:
         if self.state == "begin":
             self.state = "content"
             out.append(StreamEvent("channel_start", at, "response"))
+        if self.sh.exact:
+            # Written as is: no newline is the format's own.
+            if s:
+                out.append(StreamEvent("text", at, self._channel(), s))
+            return
         if self.skip:
             s = s.lstrip("\n")
             if not s:
@@ -152,7 +177,7 @@ class _RichLive:
         think, call = self.sh.think, self.sh.call
         if self.state == "begin":
             if think is not None and c == think[0]:
-                self.state, self.skip = "think", True
+                self.state, self.skip = "think", not self.sh.exact
                 out.append(StreamEvent("channel_start", at, "think"))
                 return
             # Only the first token can open the reasoning block.
@@ -162,10 +187,10 @@ class _RichLive:
             if think is not None and c == think[1]:
                 self.held = ""  # the block's own newlines
                 out.append(StreamEvent("channel_end", at, "think"))
-                self.state, self.skip = "content", True
+                self.state, self.skip = "content", not self.sh.exact
                 out.append(StreamEvent("channel_start", at, "response"))
         elif self.state == "content":
-            if call is not None and c == call[0]:
+            if call is not None and c == self.sh.calls_open:
                 sep = call[3]
                 held = self.held[:-len(sep)] if sep and self.held.endswith(sep) else self.held
                 if held:
@@ -181,7 +206,7 @@ class _RichLive:
                     out.append(StreamEvent("text", at, "response", self.held))
                     self.held = ""
 
-    def finish(self, at: int, out: list[StreamEvent]) -> None:
+    def finish(self, at: int, out: list[StreamEvent], message: Any = None) -> None:
         if self.state == "think":
             out.append(StreamEvent("channel_end", at, "think"))  # cut off: its newlines are stripped
         elif self.state == "content" and self.held:
@@ -214,15 +239,31 @@ class LayoutStream:
         # otherwise the content goes out whole at the end.
         body = d.roles["assistant"].body.items if "assistant" in d.roles else ()
         self._live = len(body) == 1 and isinstance(body[0], Slot) and body[0].name == "content" \
-            and bool(self._bytes)
+            and not body[0].codec and bool(self._bytes)
         # An answer with reasoning and calls streams its reasoning and
         # content as they come when every token of it is an id here.
         sh = shape(d)
-        self._rich: _RichLive | None = None
-        if not self._live and bool(self._bytes) and not binding.text_tokens and (sh.think or sh.call):
+        self._rich: _RichLive | TurnsLive | None = None
+        # (Not where the prompt may open the reasoning block: only its close
+        # says the text before it was reasoning.)
+        if not self._live and bool(self._bytes) and not binding.text_tokens and (sh.think or sh.call) \
+                and not sh.opened:
             self._rich = _RichLive(sh)
+        if d.header_turns is not None and bool(self._bytes) and not binding.text_tokens:
+            self._rich = TurnsLive(d)
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
         self._trailing = False
+        # The lexed string of what was fed, made as it comes (as the batch
+        # lex makes it: a run of text decoded whole, each token its
+        # character), so the end parses it without reading the ids again.
+        # Without a byte table the end lexes the ids.
+        self._lexing = bool(self._bytes)
+        self._pieces: list[str] = []
+        self._starts: list[int] = []
+        self._offsets: list[int] = []
+        self._length = 0
+        self._run: list[str] = []
+        self._run_at = -1
 
     @property
     def state(self) -> StreamState:
@@ -284,55 +325,81 @@ class LayoutStream:
             return
         self._ids.append(t)
         rich = self._rich
-        if rich is not None:
-            c = self._chars.get(t)
-            if c is None:
+        c = self._chars.get(t)
+        if c is None:
+            if self._lexing:
                 s = self._dec.decode(self._bytes[t] or b"", False)
+                if self._run_at < 0:
+                    self._run_at = at
                 if s:
-                    rich.text(s, at, out)
-                return
-            s = self._dec.decode(b"", True)
-            self._dec.reset()
-            if s:
-                rich.text(s, at, out)
-            if t in self._stops:
-                self._end(out, t)
-            else:
-                rich.token(c, at, out)
+                    self._run.append(s)
+                    if rich is not None:
+                        rich.text(s, at, out)
+                    elif self._live:
+                        out.append(StreamEvent("text", at, "response", s))
             return
-        if t not in self._chars:
-            if self._live:
-                raw = self._bytes[t] or b""
-                s = self._dec.decode(raw, False)
-                if s:
-                    out.append(StreamEvent("text", at, "response", s))
-            return
-        self._flush(at, out)
+        self._flush(at, out, rich.text if rich is not None else self._send if self._live else None)
+        if self._lexing:
+            self._pieces.append(c)
+            self._starts.append(self._length)
+            self._offsets.append(at)
+            self._length += 1
         if t in self._stops:
             self._end(out, t)
             return
+        if rich is not None:
+            rich.token(c, at, out)
+            return
         if not self._live:
-            return  # read by the batch parse at the end
+            return  # read by the parse at the end
         if not self._lenient:
-            token = self._b.tokens[ord(self._chars[t]) - TOKEN_BASE]
+            token = self._b.tokens[ord(c) - TOKEN_BASE]
             raise self._fail(ParseError(f"{token!r} does not belong in an answer", offset=at))
 
-    def _flush(self, at: int, out: list[StreamEvent]) -> None:
-        if self._live:
-            s = self._dec.decode(b"", True)
-            self._dec.reset()
-            if s:
-                out.append(StreamEvent("text", at, "response", s))
+    @staticmethod
+    def _send(s: str, at: int, out: list[StreamEvent]) -> None:
+        out.append(StreamEvent("text", at, "response", s))
+
+    def _flush(self, at: int, out: list[StreamEvent],
+               send: Callable[[str, int, list[StreamEvent]], None] | None) -> None:
+        """The end of a run of text: the decoder's pending bytes, to ``send``,
+        and the run, whole, a piece of the lexed string."""
+        if not self._lexing:
+            return
+        s = self._dec.decode(b"", True)
+        self._dec.reset()
+        if s:
+            self._run.append(s)
+            if send is not None:
+                send(s, at, out)
+        if self._run_at >= 0:
+            text = self._b.lexed_run("".join(self._run))
+            self._pieces.append(text)
+            self._starts.append(self._length)
+            self._offsets.append(self._run_at)
+            self._length += len(text)
+            self._run = []
+            self._run_at = -1
+
+    def _message(self) -> dict[str, Any]:
+        """The batch parse of every id fed."""
+        if not self._lexing:
+            return parse(self._d, self._b, self._ids, completion=True, lenient=self._lenient)
+        s = "".join(self._pieces)
+        lx = Lexed(s, locate(self._starts, self._offsets, len(self._ids), s))
+        return parse_completion(self._d, lx, lenient=self._lenient)
 
     def _end(self, out: list[StreamEvent], stop: int | None) -> None:
         at = len(self._ids)
-        self._flush(at, out)
+        # Cut off (no stop token): pending bytes go out where the answer
+        # streams as it comes.
+        self._flush(at, out, self._send if self._live else None)
         try:
-            message = parse(self._d, self._b, self._ids, completion=True, lenient=self._lenient)
+            message = self._message()
         except ParseError as e:
             raise self._fail(e) from None
         if self._rich is not None:
-            self._rich.finish(at, out)
+            self._rich.finish(at, out, message)
         elif not self._live:
             # Not streamed as it came: the answer goes out whole, reasoning
             # first, as the XTML stream's channels go.
@@ -352,5 +419,6 @@ class LayoutStream:
         reason = "length" if meaning is None else "tool_calls" if message.get("tool_calls") else "stop"
         out.append(StreamEvent("message_end", at, message=message, stop_reason=reason))
         self._state = _ENDED
+        self._pieces, self._starts, self._offsets = [], [], []
         if not self._keep:
             self._ids = []

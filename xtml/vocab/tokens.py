@@ -16,6 +16,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Sequence
+from itertools import accumulate, compress
+from operator import itemgetter
 from typing import Any
 
 from ..errors import ParseError, TokenizerError, shown
@@ -24,6 +26,8 @@ from ..markup.segments import Segment
 from .vocabulary import Vocabulary
 
 __all__ = ["TokenBinding", "tokens_bound"]
+
+_INT = {int}
 
 
 class TokenBinding:
@@ -64,6 +68,7 @@ class TokenBinding:
                                            if t in self.token_ids}
         self.stop_ids = tuple(self.token_ids[t] for t in stops)
         self._text_table: list[bytes | None] | None = None
+        self._char_list: list[str | None] | None = None
         self._text_strs: list[str | None] | None = None
         self.derived: dict[Any, Any] = {}
 
@@ -117,45 +122,68 @@ class TokenBinding:
     def lex(self, ids: Sequence[int]) -> tuple[str, list[int], list[int]]:
         """The lexed string of ids, and where each piece of it starts: in the
         string, and in the ids (for locating a character)."""
-        size = self.vocab.size
-        chars = self.char_of_id
+        n = len(ids)
+        # Each id's token character or None, and where the tokens are, in C
+        # loops over the ids (an id past the vocabulary fails the lookup);
+        # the Python loop below goes over the tokens only.
+        chars = self._chars_by_id()
+        try:
+            if n and (set(map(type, ids)) != _INT or min(ids) < 0):
+                raise IndexError
+            # One C call for all the lookups (a map would call a method per id).
+            marks = itemgetter(*ids)(chars) if n > 1 else [chars[i] for i in ids]
+        except IndexError:
+            size = self.vocab.size
+            for k, t in enumerate(ids):  # the bad one, for its offset
+                if type(t) is not int or not 0 <= t < size:
+                    raise ParseError(f"{shown(t)} is not a token id of this tokenizer", offset=k) from None
+            raise
         pieces: list[str] = []
         starts: list[int] = []
         offsets: list[int] = []
         runs: list[Sequence[int]] = []
         slots: list[int] = []
-        run_start = -1
-        for k, t in enumerate(ids):
-            if type(t) is not int or not 0 <= t < size:
-                raise ParseError(f"{shown(t)} is not a token id of this tokenizer", offset=k)
-            c = chars.get(t)
-            if c is None:
-                if run_start < 0:
-                    run_start = k
-                continue
-            if run_start >= 0:
+        end = 0
+        for k in compress(range(n), marks):
+            if k > end:
                 slots.append(len(pieces))
-                runs.append(ids[run_start:k])
+                runs.append(ids[end:k])
                 pieces.append("")
-                offsets.append(run_start)
-                run_start = -1
+                offsets.append(end)
+            c = marks[k]
+            assert c is not None
             pieces.append(c)
             offsets.append(k)
-        if run_start >= 0:
+            end = k + 1
+        if end < n:
             slots.append(len(pieces))
-            runs.append(ids[run_start:])
+            runs.append(ids[end:])
             pieces.append("")
-            offsets.append(run_start)
+            offsets.append(end)
         finder = self._text_finder
         for slot, text in zip(slots, self.decode_runs(runs), strict=True):
-            if finder is not None and finder.search(text) is not None:
-                text = finder.sub(lambda m: self._text_chars[m.group()], text)
-            pieces[slot] = text
-        pos = 0
-        for p in pieces:
-            starts.append(pos)
-            pos += len(p)
+            pieces[slot] = text if finder is None else self.lexed_run(text)
+        if pieces:
+            starts += accumulate(map(len, pieces[:-1]), initial=0)
         return "".join(pieces), starts, offsets
+
+    def lexed_run(self, text: str) -> str:
+        """A decoded run of ordinary ids as a lexed string has it: each
+        token this vocabulary spells as text is its token's character."""
+        finder = self._text_finder
+        if finder is None or finder.search(text) is None:
+            return text
+        return finder.sub(lambda m: self._text_chars[m.group()], text)
+
+    def _chars_by_id(self) -> list[str | None]:
+        """:attr:`char_of_id` as a list over the whole vocabulary."""
+        table = self._char_list
+        if table is None:
+            table = [None] * self.vocab.size
+            for i, c in self.char_of_id.items():
+                table[i] = c
+            self._char_list = table
+        return table
 
     def decode_runs(self, runs: list[Sequence[int]]) -> list[str]:
         """Each run of ordinary ids decoded whole: its bytes as UTF-8, a bad
@@ -163,9 +191,14 @@ class TokenBinding:
         table = self.text_table()
         if not table:
             return self.vocab.decode_batch(runs)
+        # A None (a token's id) fails the join, and is then read as no bytes.
         out: list[str] = []
         for run in runs:
-            out.append(b"".join(table[i] or b"" for i in run).decode("utf-8", "replace"))
+            try:
+                raw = b"".join(itemgetter(*run)(table)) if len(run) > 1 else table[run[0]] or b""
+            except TypeError:
+                raw = b"".join(table[i] or b"" for i in run)
+            out.append(raw.decode("utf-8", "replace"))
         return out
 
     def text_table(self) -> list[bytes | None]:

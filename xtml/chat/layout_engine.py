@@ -1,0 +1,45 @@
+"""The layout engine's entry points: which writer and reader a layout
+dialect takes. Formats framed message by message are written by
+:mod:`.layout_render` and read by :mod:`.layout_parse`; formats with a head
+and a system turn of their own (a ``[turns]`` section) by
+:mod:`.layout_turns`, which builds on both."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import layout_parse, layout_render, layout_turns
+from .layout import LayoutDialect
+from .layout_parse import Lexed
+from .layout_render import Rendering
+
+__all__ = ["normal_form", "parse_completion", "parse_prompt", "render"]
+
+
+def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Rendering:
+    if d.header_turns is not None:
+        return layout_turns.render_turns(d, request, options)
+    return layout_render.render(d, request, options)
+
+
+def normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The request as a parse of its render returns it."""
+    if d.header_turns is not None:
+        return layout_turns.normal_form_turns(d, request, options)
+    return layout_render.normal_form(d, request, options)
+
+
+def parse_prompt(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
+    """A whole rendered request back to its normal form."""
+    if d.header_turns is not None:
+        return layout_turns.parse_prompt_turns(d, lx)
+    return layout_parse.parse_prompt(d, lx)
+
+
+def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> dict[str, Any]:
+    """What a model generated after the generation prompt, as one assistant
+    message."""
+    if d.header_turns is not None:
+        return layout_turns.parse_completion_turns(d, lx, lenient=lenient)
+    return layout_parse.parse_completion(d, lx, lenient=lenient)
