@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from .common import TOKENIZER_HELP, at_least, refuse_layout
+from .common import TOKENIZER_HELP, at_least
 from .output import Output, UsageError
 
 if TYPE_CHECKING:
@@ -161,13 +161,11 @@ def _run(args: argparse.Namespace, out: TextIO, *, parquet: OutputFile | None = 
     ``parquet`` (render-dataset) and ``errors`` (``--errors``) are where the
     rows and the skipped rows go; each existing file is replaced only when
     the run is complete, and left as it was otherwise."""
-    from ..template import load
     from ..training.dataset import Job, ParquetSink, init_worker, open_rows, run_job
 
     render = args.command == "render-dataset"
     if render and parquet is None:
         raise ValueError("render-dataset needs a Parquet output")
-    refuse_layout(load(args.template), f"xtml {args.command}")
     init_worker(Job(args.template, args.tokenizer, args.add_markers), quiet_threads=False)  # fail fast, in one line
     job = Job(args.template, args.tokenizer, args.add_markers, train=args.train if render else None,
               ids=render, budgets=not render or args.check_budgets)

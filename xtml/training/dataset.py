@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import IO, Any, cast
 
-from ..chat.template_file import load_dialect
-from ..codec.training import encode_example, overruns
+from ..chat.layout_file import load_any_dialect
 from ..errors import CallerError, XtmlError
 from ..plugins.jsonfmt import BadInput, input_json
-from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
-from .rows import RowError, row_request, with_training_defaults
+from .rows import RowError, bind_dialect, dialect_tokens, encode_row, row_overruns, row_request, with_training_defaults
 
 __all__ = ["DatasetError", "Job", "ParquetSink", "Report", "init_worker", "open_rows", "run_job"]
 
@@ -153,15 +151,15 @@ def init_worker(job: Job, quiet_threads: bool) -> None:
         assert _state is not None
         _state = (job, _state[1], _state[2])
         return
-    d = load_dialect(job.template)
-    key = (os.path.abspath(job.tokenizer), tuple(d.markers.all()) if job.add_markers else ())
+    d = load_any_dialect(job.template)
+    key = (os.path.abspath(job.tokenizer), dialect_tokens(d) if job.add_markers else ())
     vocab = _vocabs.get(key)
     if vocab is None:
         vocab = load_tokenizer(job.tokenizer, add_special_tokens=key[1])
         _vocabs.clear()  # one tokenizer at a time: a large vocabulary is hundreds of MB
         _vocabs[key] = vocab
     # A tokenizer that does not fit fails here, once.
-    _state = (job, d, Binding(d.markers, vocab))
+    _state = (job, d, bind_dialect(d, vocab))
     if quiet_threads:
         # A worker process of ours: what it loaded lives as long as it does,
         # so the collector need not walk it again on every collection of the
@@ -199,7 +197,7 @@ def _process(lines: list[tuple[int, Any]]) -> Chunk:
     for line, raw in lines:
         try:
             req = _request(raw) if type(raw) is bytes else row_request(raw, plain=True)
-            ex = encode_example(d, binding, req, train=job.train)
+            ex = encode_row(d, binding, req, job.train)
         except XtmlError as e:
             out.skipped.append((line, str(e)))
             continue
@@ -216,7 +214,7 @@ def _process(lines: list[tuple[int, Any]]) -> Chunk:
             ids.append(struct.pack(f"={len(ex.ids)}i", *ex.ids))
             mask += ex.mask_bytes
         if job.budgets:
-            out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in overruns(ex, d)]
+            out.overruns += [(line, o.message, o.effort, o.tokens, o.budget) for o in row_overruns(ex, d)]
     out.ids = b"".join(ids)
     out.mask = bytes(mask)
     return out

@@ -9,17 +9,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..chat.dialect import Dialect, Training
+from ..chat.layout import LayoutDialect
+from ..chat.layout_file import load_any_dialect
 from ..chat.options import OPTION_NAMES
-from ..chat.template_file import load_dialect
-from ..codec.training import IGNORE_INDEX, Train, TrainingExample, encode_example
+from ..codec.layout import bind as bind_layout
+from ..codec.layout_training import encode_layout_example
+from ..codec.training import IGNORE_INDEX, Overrun, Train, TrainingExample, encode_example, overruns
 from ..errors import MAX_DEPTH, CallerError, XtmlError, too_deep
 from ..lru import Lru
 from ..plugins.jsonfmt import BadInput, input_json
 from ..vocab.binding import Binding
 from ..vocab.load import load_tokenizer
+from ..vocab.tokens import TokenBinding
 from ..vocab.vocabulary import Vocabulary
 
-__all__ = ["REQUEST_COLUMNS", "MapFunction", "RowError", "load_bound", "row_request", "with_training_defaults"]
+__all__ = ["REQUEST_COLUMNS", "AnyDialect", "MapFunction", "RowError", "bind_dialect", "dialect_tokens", "encode_row",
+           "load_bound", "row_overruns", "row_request", "with_training_defaults"]
 
 
 # -- batches (datasets, Ray Data) ----------------------------------------------
@@ -29,21 +34,49 @@ _REQUEST_KEYS = frozenset({"messages", *OPTION_NAMES, "chat_template_kwargs"})
 REQUEST_COLUMNS = _REQUEST_KEYS | {"request"}
 """The columns of a dataset row that :func:`row_request` reads."""
 
-_loaded: Lru[tuple[str, str, bool], tuple[Dialect, Binding]] = Lru()
+AnyDialect = Dialect | LayoutDialect
+"""A template's dialect: XTML-shaped, or a layout dialect."""
+
+
+def dialect_tokens(d: AnyDialect) -> tuple[str, ...]:
+    """The tokens a format writes (what ``--add-markers`` adds)."""
+    return d.tokens if isinstance(d, LayoutDialect) else tuple(d.markers.all())
+
+
+def bind_dialect(d: AnyDialect, vocab: Vocabulary) -> Binding | TokenBinding:
+    """The binding of a format to a tokenizer (it checks the tokens now)."""
+    return bind_layout(d, vocab) if isinstance(d, LayoutDialect) else Binding(d.markers, vocab)
+
+
+def encode_row(d: AnyDialect, binding: Binding | TokenBinding, request: Any, train: Train) -> TrainingExample:
+    """The training example of a request, for either kind of format."""
+    if isinstance(d, LayoutDialect):
+        assert isinstance(binding, TokenBinding)
+        return encode_layout_example(d, binding, request, train=train)
+    assert isinstance(binding, Binding)
+    return encode_example(d, binding, request, train=train)
+
+
+def row_overruns(ex: TrainingExample, d: AnyDialect) -> list[Overrun]:
+    """The think channels over budget (a layout format declares no budgets)."""
+    return [] if isinstance(d, LayoutDialect) else overruns(ex, d)
+
+
+_loaded: Lru[tuple[str, str, bool], tuple[AnyDialect, Binding | TokenBinding]] = Lru()
 
 
 def load_bound(template: str, tokenizer: str, add_markers: bool = False,
-               vocab: Vocabulary | None = None) -> tuple[Dialect, Binding]:
+               vocab: Vocabulary | None = None) -> tuple[AnyDialect, Binding | TokenBinding]:
     """A template's dialect and its binding to a tokenizer, loaded once per
     process (``vocab``: a tokenizer already loaded from ``tokenizer``)."""
     key = (template, tokenizer, add_markers)
     hit = _loaded.get(key)
     if hit is None:
-        d = load_dialect(template)
+        d = load_any_dialect(template)
         if vocab is None:
-            vocab = load_tokenizer(tokenizer, add_special_tokens=d.markers.all() if add_markers else ())
-        # Binding checks the markers now, not on the first row.
-        hit = _loaded.put(key, (d, Binding(d.markers, vocab)))
+            vocab = load_tokenizer(tokenizer, add_special_tokens=dialect_tokens(d) if add_markers else ())
+        # The binding checks the tokens now, not on the first row.
+        hit = _loaded.put(key, (d, bind_dialect(d, vocab)))
     return hit
 
 
@@ -169,7 +202,7 @@ class MapFunction:
         """The training example of one row (raises on a bad row); ``plain``
         as for :func:`row_request`."""
         d, binding = load_bound(self.template, self.tokenizer, self.add_markers)
-        return encode_example(d, binding, row_request(row, plain=plain), train=self.train)
+        return encode_row(d, binding, row_request(row, plain=plain), self.train)
 
     def __call__(self, batch: Any) -> Any:
         cols, kind = _columns(batch)
