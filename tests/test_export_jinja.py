@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import os
 import re
 import tomllib
@@ -26,7 +25,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -35,6 +33,20 @@ from tests.helpers.cli import run
 from tests.helpers.docs import run_examples, shown_on_page
 from tests.helpers.handover import objects_for_arguments
 from tests.helpers.jinja_engines import ENGINES, Rendered, need_engine, render_all
+from tests.helpers.jinja_probe import (
+    LLAMACPP_PROBE,
+    OPTIONS,
+    PROBE,
+    SAYS,
+    SPLIT,
+    handed,
+    llamacpp_shape,
+    numbers_in_range,
+    probed,
+    strings,
+    toml,
+    xtml_render,
+)
 from xtml import testing as xt
 from xtml.chat.template_file import builtin_files
 from xtml.exports.jinja import jinja_template
@@ -43,21 +55,6 @@ pytestmark = pytest.mark.engines
 
 DIALECTS = ("kimi-k3", "xtml-base", "k3-citations")
 PER_DIALECT = 300
-OPTIONS = ("thinking", "enable_thinking", "thinking_effort", "reasoning_effort", "tool_choice", "response_format",
-           "response_schema", "image_prompts", "continue_final_message")
-UNDEFINED = "__xtml_undefined__"
-
-# Every variable the template reads, as the engine hands it over.
-PROBE = "{{- {" + ", ".join(
-    f"'{v}': ({v} if {v} is defined else '{UNDEFINED}')"
-    for v in ("messages", "tools", "add_generation_prompt", *OPTIONS)) + "} | tojson -}}"
-
-# llama-server refuses at start-up a template it cannot derive an output
-# parser from (the probe's JSON is none); the K3 markers in a comment route
-# it to llama.cpp's hand-written K3 parser (common/chat.cpp matches them in
-# the template's source), which takes any template.
-LLAMACPP_PROBE = "{#- <|open|> <|close|> <|end_of_msg|> -#}" + PROBE
-
 # Where xtml renders and a Jinja template cannot: what the template says then.
 CANNOT = ("which a Jinja template cannot", "a Jinja template cannot: render with xtml")
 
@@ -111,121 +108,6 @@ CITATIONS = builtin_files()["kimi-k3"].read_text(encoding="utf-8").replace(
     'name = "kimi-k3"', 'name = "k3-citations"') + '\n[plugins.citation]\nelement = "cite"\n'
 
 
-ASTRAL = re.compile("[\U00010000-\U0010ffff]")
-
-
-def in_range(engine: str, x: float) -> bool:
-    """Whether the engine prints float ``x`` as Python does (docs/exports.md):
-    JavaScript switches to an exponent below 1e-6 and from 1e21, Python
-    below 1e-4 and from 1e16; llama.cpp prints six significant digits, with
-    an exponent from 1e6."""
-    a = abs(x)
-    if engine == "transformers":
-        return True
-    if a == 0:
-        # llama.cpp prints -0.0 as "-0", which reads back as the integer 0.
-        return engine != "llamacpp" or math.copysign(1.0, x) > 0
-    if engine == "hfjs":
-        return 1e-4 <= a < 1e16
-    return 1e-4 <= a < 1e6 and float(f"{x:.6g}") == x
-
-
-def numbers_in_range(engine: str, v: Any) -> Any:
-    """``v`` with each number the engine cannot print as xtml does replaced
-    by one it can (integers: JavaScript keeps 53 bits, llama.cpp 64), and,
-    for JavaScript, object keys without characters past U+FFFF: it sorts
-    strings by UTF-16 code unit, so such a key sorts before one with a
-    character from U+E000 to U+FFFF, where Python's code-point order puts it
-    after (docs/exports.md)."""
-    if isinstance(v, dict):
-        if engine == "hfjs":
-            v = {ASTRAL.sub("x", k): x for k, x in v.items()}
-        return {k: numbers_in_range(engine, x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [numbers_in_range(engine, x) for x in v]
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return v
-    if isinstance(v, int):
-        bits = {"transformers": None, "hfjs": 53, "llamacpp": 63}[engine]
-        return v if bits is None or abs(v) < 2**bits else (1 if v > 0 else -1)
-    return v if in_range(engine, v) else (0.5 if v > 0 else -0.5)
-
-
-def llamacpp_shape(request: dict[str, Any]) -> dict[str, Any]:
-    """A request in the shapes llama-server's OpenAI reader takes
-    (tools/server/server-common.cpp, common/chat.cpp): text parts typed
-    "text" (no bare strings, no "input_text"), content present on every
-    message but an assistant's with calls, calls and tools in the chat form
-    ({"type": "function", "function": {...}}), no image or media parts (the
-    tiny model has no projector). The same request, as a client of
-    llama-server writes it; other engines take the generated shapes as they
-    are."""
-    def part(p: Any) -> Any:
-        if isinstance(p, str):
-            return {"type": "text", "text": p}
-        if isinstance(p, dict) and p.get("type") == "input_text":
-            return {**p, "type": "text"}
-        return p
-
-    msgs = []
-    for m in request["messages"]:
-        m = dict(m)
-        c = m.get("content")
-        if isinstance(c, list):
-            c = [part(p) for p in c if not (isinstance(p, dict) and p.get("type") not in ("text", "input_text"))]
-            m["content"] = c
-        if m.get("content") is None and not m.get("tool_calls"):
-            m["content"] = ""
-        if m.get("tool_calls"):
-            m["tool_calls"] = [c if "function" in c else {"type": "function", "function": {
-                k: v for k, v in c.items() if k in ("name", "arguments")}, **({"id": c["id"]} if "id" in c else {})}
-                for c in m["tool_calls"]]
-            m["tool_calls"] = [{**c, "type": "function"} for c in m["tool_calls"]]
-        if isinstance(m.get("tools"), list):
-            m["tools"] = [chat_tool(t) for t in m["tools"]]
-        msgs.append(m)
-    out = {**request, "messages": msgs}
-    if isinstance(out.get("tools"), list):
-        out["tools"] = [chat_tool(t) for t in out["tools"]]
-    out.pop("image_prompts", None)
-    return out
-
-
-def chat_tool(t: Any) -> Any:
-    if isinstance(t, dict) and "function" not in t:
-        return {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
-    return t
-
-
-def handed(got: Rendered) -> dict[str, Any] | None:
-    """The request the engine handed the template (read by :data:`PROBE`),
-    or None when the engine refused it before any template ran."""
-    if got.text is None:
-        return None
-    seen = json.loads(got.text)
-    return {k: v for k, v in seen.items() if v != UNDEFINED}
-
-
-def xtml_render(tpl: xtml.Template, request: dict[str, Any]) -> tuple[str | None, str | None]:
-    try:
-        return tpl.render(request).text, None
-    except xtml.XtmlError as e:
-        return None, str(e)
-
-
-SPLIT = "@@xtml-probe@@"
-
-
-def probed(template: str) -> str:
-    """``template``, then (only when the request sets ``xtml_probe``) the
-    probe's JSON: one render gives the text and what the engine handed that
-    very template. llama.cpp hands a template what it has found the template
-    can take (parts or joined text, arguments as objects or strings), by
-    rendering test conversations, which do not set ``xtml_probe``."""
-    return (template + "{%- if xtml_probe is defined and xtml_probe -%}{{ '" + SPLIT + "' }}" + PROBE
-            + "{%- endif -%}")
-
-
 @cache
 def outcomes(engine: str, name: str) -> dict[str, Any]:
     tpl = template(name)
@@ -269,11 +151,6 @@ def test_the_template_renders_what_xtml_renders(engine: str, name: str) -> None:
     # Most generated requests render; the rest are refused by both, or need
     # what Jinja cannot do, or the engine's own refusal.
     assert counts["equal"] >= PER_DIALECT // 3, dict(counts)
-
-
-# The engines that pass raise_exception's message through unchanged
-# (llama.cpp wraps it in a parser-generation error).
-SAYS = ("transformers", "hfjs")
 
 REFUSED = [c for c in tomllib.loads((Path(__file__).parent / "data" / "cases" / "render-refused.toml").read_text(
     encoding="utf-8"))["case"] if "messages" in c]
@@ -366,16 +243,6 @@ def test_the_page_s_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
 INJECT_DQ = '" ~ ("INJECTED-" ~ messages[0].content) ~ "'
 INJECT_SQ = "' ~ ('INJECTED-' ~ messages[0].content) ~ '"
 BASE = builtin_files()["xtml-base"].read_text(encoding="utf-8")
-
-
-def toml(value: Any) -> str:
-    """A string, a list of them or a table of them in TOML (a JSON string is
-    a TOML basic string)."""
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{toml(k)} = {toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(toml(v) for v in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
 
 
 def with_values(text: str, values: dict[str, Any]) -> str:
@@ -525,10 +392,6 @@ def test_hostile_dialect_text_stays_text_in_the_template() -> None:
         assert name == "comment" or len(own) >= 3, own
         for literal in own:
             assert not re.search(r"\{[{%#]|[}%#]\}", literal), (name, literal)
-
-
-def strings(source: str) -> list[str]:
-    return [value for _, kind, value in jinja2.Environment().lex(source) if kind == "string"]
 
 
 def test_keys_that_are_not_strings_render_as_xtml_or_raise() -> None:

@@ -13,7 +13,7 @@ from ..codec.completion import FORMATS, MAX_CALLS
 from ..exports.jinja import jinja_template
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, InputError, added_tokens, at_least, boolean, json_input, read_input, refuse_layout
+from .common import TOKENIZER_HELP, InputError, added_tokens, at_least, boolean, json_input, read_input
 from .output import UsageError
 
 COMMANDS = ("export",)
@@ -85,8 +85,10 @@ def add_commands(sub: Any) -> None:
                     "(thinking, thinking_effort, reasoning_effort, tool_choice, response_format, response_schema, "
                     "image_prompts, continue_final_message), and renders what xtml renders or raises where xtml "
                     "refuses the request or Jinja cannot do what xtml does (tool-call arguments given as a JSON "
-                    "string; media prompts xtml computes). docs/exports.md says what each engine hands the "
-                    "template and what a Jinja template cannot give.",
+                    "string; media prompts xtml computes). A layout dialect's template (smollm2, qwen3, ...) reads "
+                    "the dialect's own options under the official template's names (enable_thinking for qwen3). "
+                    "docs/exports.md says what each engine hands the template and what a Jinja template cannot "
+                    "give.",
         epilog="examples:\n  xtml export jinja > chat_template.jinja\n  xtml export jinja -t my-format.toml -o "
                "chat_template.jinja", formatter_class=argparse.RawDescriptionHelpFormatter)
     j.add_argument("-t", "--template", default="kimi-k3", metavar="NAME|PATH",
@@ -97,10 +99,10 @@ def add_commands(sub: Any) -> None:
                    "response template (works with no xtml installed)",
         description="Write DIR as a Hugging Face tokenizer folder: tokenizer.json (the tokenizer, the template's "
                     "markers as special tokens), tokenizer_config.json (chat_template: the template as Jinja; "
-                    "response_template: transformers' spec to parse a completion) and XTML.md (what the folder "
-                    "cannot do that xtml does). AutoTokenizer.from_pretrained(DIR) loads it. A tiktoken "
-                    "vocabulary is converted and checked id for id, or refused. DIR must be new or empty "
-                    "(--force replaces only the files this writes). docs/exports.md has the details.",
+                    "response_template: transformers' spec to parse a completion; none for a layout dialect) and "
+                    "XTML.md (what the folder cannot do that xtml does). AutoTokenizer.from_pretrained(DIR) "
+                    "loads it. A tiktoken vocabulary is converted and checked id for id, or refused. DIR must be "
+                    "new or empty (--force replaces only the files this writes). docs/exports.md has the details.",
         epilog="examples:\n  xtml export hf k3-tokenizer --tokenizer path/to/model\n"
                "  xtml export hf base-tokenizer -t xtml-base --tokenizer tokenizer.json --add-markers",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,15 +126,12 @@ def _request(path: str) -> Any:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``xtml export``; returns the exit status."""
     if args.what == "jinja":
-        jinja = load(args.template)
-        refuse_layout(jinja, "xtml export jinja")
-        out.write(jinja_template(jinja.dialect))
+        out.write(jinja_template(load(args.template).dialect))
         return 0
     if args.what == "hf":
         from ..exports.hf import FILES, export_hf
 
         template = load(args.template)
-        refuse_layout(template, "xtml export hf (its chat template is the Jinja export)")
         loaded = load_tokenizer(args.tokenizer, add_special_tokens=added_tokens(template) if args.add_markers else ())
         folder = export_hf(template, loaded, args.folder, force=args.force)
         out.write(f"wrote {', '.join(FILES)} to {folder}\n")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError, TokenizerError
-from ..template import Template
+from ..template import LayoutTemplate, Template
 from ..vocab.tiktoken import TiktokenVocabulary
 from ..vocab.vocabulary import Vocabulary
 from .jinja import jinja_template
@@ -63,6 +63,19 @@ def export_hf(template: Template, vocab: Vocabulary, folder: str | os.PathLike[s
         raise ExportError(f"{str(target)!r} exists and is not empty: give another folder, or force to replace "
                           f"the files this export writes ({', '.join(FILES)}) and leave the rest",
                           location=str(target))
+    texts = _layout_texts(template, vocab) if isinstance(template, LayoutTemplate) else _texts(template, vocab)
+    try:
+        if target.is_dir():
+            _write_into(target, texts, empty)
+        else:
+            _write_new(target, texts)
+    except OSError as e:
+        # Named by the target: the temporary names are gone by now.
+        raise ExportError(f"cannot write {str(target)!r}: {e.strerror or e}", location=str(target)) from None
+    return target
+
+
+def _texts(template: Template, vocab: Vocabulary) -> dict[str, str]:
     binding = template.bind(vocab)  # every marker one special token, or TokenizerError
     d = template.dialect
     chat = jinja_template(d)
@@ -76,20 +89,54 @@ def export_hf(template: Template, vocab: Vocabulary, folder: str | os.PathLike[s
         "chat_template": chat,
         "response_template": parser,
     }
-    texts = {
+    return {
         "tokenizer.json": tokenizer.to_str(pretty=True),  # what Tokenizer.save writes
         "tokenizer_config.json": json.dumps(config, ensure_ascii=False, indent=2) + "\n",
         "XTML.md": _note(template, binding.marker_ids, parser_limits),
     }
-    try:
-        if target.is_dir():
-            _write_into(target, texts, empty)
-        else:
-            _write_new(target, texts)
-    except OSError as e:
-        # Named by the target: the temporary names are gone by now.
-        raise ExportError(f"cannot write {str(target)!r}: {e.strerror or e}", location=str(target)) from None
-    return target
+
+
+def _layout_texts(template: LayoutTemplate, vocab: Vocabulary) -> dict[str, str]:
+    """The folder of a layout dialect: its chat template, its first stop
+    token that ends an answer as ``eos_token``; no response template (the
+    format's calls and reasoning are parsed by xtml)."""
+    binding = template.bind(vocab)  # every special token one special id, or TokenizerError
+    d = template.layout
+    chat = jinja_template(d)
+    tokenizer = _hf_tokenizer(vocab)
+    end = next((t for t, meaning in d.stops.items() if meaning == "end"), next(iter(d.stops)))
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": end,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": chat,
+    }
+    ids = ", ".join(f"`{t}` = {i}" for t, i in binding.token_ids.items())
+    as_text = ", ".join(f"`{t}`" for t in binding.text_tokens)
+    lines = [
+        f"# {d.name}: a Hugging Face tokenizer folder written by {_made_by()}",
+        "",
+        d.description,
+        "",
+        "* `tokenizer.json`: the tokenizer; the format's tokens: " + ids + "."
+        + (f" Spelt as text (this vocabulary has no one token for them): {as_text}." if as_text else ""),
+        "* `tokenizer_config.json`: `chat_template`, the format as Jinja (`xtml export jinja`); `eos_token`, the "
+        "token that ends an answer.",
+        "",
+        "What this folder cannot do that xtml does:",
+        "",
+        "* The chat template makes text, which the tokenizer then tokenizes whole: a token's spelling in user "
+        "text becomes the token. xtml encodes text and tokens apart (`Template.encode`).",
+        "* The template leaves out what the format does not write (names, call ids, reasoning before the last "
+        "query) without a word; xtml's render lists each drop.",
+        "* There is no `response_template`: parse completions with xtml (`Template.parse`, `xtml parse`).",
+        "",
+    ]
+    return {
+        "tokenizer.json": tokenizer.to_str(pretty=True),
+        "tokenizer_config.json": json.dumps(config, ensure_ascii=False, indent=2) + "\n",
+        "XTML.md": "\n".join(lines),
+    }
 
 
 def _unique(make: Callable[[Path], None], folder: Path, name: str) -> Path:
@@ -228,13 +275,17 @@ def _check_conversion(vocab: TiktokenVocabulary, tok: Any) -> None:
     tok.encode_special_tokens = False
 
 
-def _note(template: Template, marker_ids: dict[str, int], parser_limits: list[str]) -> str:
+def _made_by() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        made_by = f"xtml {version('xtml')}"
+        return f"xtml {version('xtml')}"
     except PackageNotFoundError:  # a plain checkout
-        made_by = "xtml"
+        return "xtml"
+
+
+def _note(template: Template, marker_ids: dict[str, int], parser_limits: list[str]) -> str:
+    made_by = _made_by()
     d = template.dialect
     markers = ", ".join(f"`{m}` = {i}" for m, i in marker_ids.items())
     lines = [

@@ -28,46 +28,13 @@ from functools import cache
 from importlib.resources import files
 
 from ..chat.dialect import Dialect
-from ..errors import TemplateError, shown
+from ..chat.layout import LayoutDialect
+from ..errors import TemplateError
+from .jinja_text import comment as _comment
+from .jinja_text import quote as _q
+from .layout_jinja import layout_jinja_template
 
 __all__ = ["jinja_template"]
-
-
-# The escapes every engine's string literals read (llama.cpp's reads no \\u).
-_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _q(s: str) -> str:
-    """``s`` as a Jinja expression that every engine reads as that string.
-
-    Inside a string token Jinja2 and llama.cpp's engine read braces as
-    text, but ``@huggingface/jinja`` rewrites the template's source with
-    regular expressions before it tokenizes it (transformers'
-    ``{% generation %}`` tag is removed, strings included), and an engine
-    may trim at ``{X-`` and ``-X}`` the same way. So no literal holds a
-    brace next to another character: the string is cut after every ``{``
-    and before every ``}`` and its pieces joined with ``~``, and no
-    delimiter is ever spelt inside a literal."""
-    bad = next((ch for ch in s if ord(ch) < 0x20 and ch not in _ESCAPES), None)
-    if bad is not None:
-        raise TemplateError(f"a control character U+{ord(bad):04X} in the dialect's text {shown(s)} has no Jinja "
-                            "spelling every engine reads")
-    pieces = [p for p in _BRACES.split(s) if p] or [""]
-    lits = ["'" + "".join(_ESCAPES.get(ch, ch) for ch in p) + "'" for p in pieces]
-    return lits[0] if len(lits) == 1 else "(" + " ~ ".join(lits) + ")"
-
-
-_BRACES = re.compile(r"(?<=\{)|(?=\})")
-
-
-def _comment(s: str) -> str:
-    """``s`` for the inside of a ``{#- … -#}`` comment: a space between any
-    two of ``{ % # }`` that meet, so that it can neither end the comment
-    nor open anything (which an engine's source rewriting could read)."""
-    return _DELIMS.sub(" ", s)
-
-
-_DELIMS = re.compile(r"(?<=[{%#}])(?=[{%#}])")
 
 # A placeholder of the skeleton: «NAME».
 _PLACEHOLDER = re.compile("«[A-Z_]+»")
@@ -312,11 +279,14 @@ def _sections() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
-def jinja_template(d: Dialect) -> str:
-    """The Jinja chat template of dialect ``d`` (see the module's doc).
-    Raises :class:`~xtml.TemplateError` for a dialect it cannot write
-    (a plugin with no Jinja form), at the plugin, or text no engine reads
-    alike (a control character), at the dialect's file."""
+def jinja_template(d: Dialect | LayoutDialect) -> str:
+    """The Jinja chat template of dialect ``d`` (see the module's doc; a
+    layout dialect's is :mod:`.layout_jinja`'s). Raises
+    :class:`~xtml.TemplateError` for a dialect it cannot write (a plugin
+    with no Jinja form), at the plugin, or text no engine reads alike (a
+    control character), at the dialect's file."""
+    if isinstance(d, LayoutDialect):
+        return layout_jinja_template(d)
     try:
         return _Writer(d).write()
     except TemplateError as e:
