@@ -21,6 +21,7 @@ import pytest
 import xtml
 from tests.helpers.playground import SHOTS, VIEWS, playground, static_hash
 from tests.helpers.tokenizers import deepseek_path, k3_vocab
+from xtml.chat.template_file import LAYOUT_BUILTIN
 from xtml.serving.gateway import MAX_BODY
 from xtml.serving.openai import chat_completion
 
@@ -322,7 +323,9 @@ def test_the_page_loads_nothing_from_elsewhere(client: httpx.Client) -> None:
 def test_the_page_starts_from_the_examples(client: httpx.Client) -> None:
     info = client.get("/api/info").json()
     assert info["example"] == EXAMPLE and info["completion"] == COMPLETION
-    assert {t["name"] for t in info["templates"]} == {"kimi-k3", "xtml-base"}
+    # The XTML dialects, then the layout dialects (one entry per file).
+    assert [t["name"] for t in info["templates"]] == ["kimi-k3", "xtml-base", *LAYOUT_BUILTIN]
+    assert [t["layout"] for t in info["templates"]] == [False, False, *(True for _ in LAYOUT_BUILTIN)]
     assert "markers added" in info["tokenizer"]
 
 

@@ -6,73 +6,14 @@ run."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import pytest
 
 import xtml
+from tests.helpers.playground import Counted
 from xtml.playground.views import MAX_IDS, MAX_TEXT, FieldError, Session, default_tokenizer
 
 K3 = xtml.load("kimi-k3")
-
-
-class Counted:
-    """A vocabulary's encode and decode calls counted by what they are
-    handed: characters to encode, ids to decode."""
-
-    def __init__(self, vocab: xtml.Vocabulary, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.chars = 0
-        self.ids = 0
-        for name in ("ids_of", "encode_texts"):
-            monkeypatch.setattr(vocab, name, self._count_chars(getattr(vocab, name)))
-        for name in ("decode_batch", "decode_runs"):
-            monkeypatch.setattr(vocab, name, self._count_runs(getattr(vocab, name)))
-        monkeypatch.setattr(vocab, "decode", self._count_ids(vocab.decode))
-        tok = vocab.tokenizer
-        monkeypatch.setattr(vocab, "_tok", _CountedTokenizer(tok, self))
-
-    def _count_chars(self, f: Callable[[Sequence[str]], Any]) -> Callable[[Sequence[str]], Any]:
-        def counted(texts: Sequence[str]) -> Any:
-            self.chars += sum(map(len, texts))
-            return f(texts)
-        return counted
-
-    def _count_runs(self, f: Callable[[list[Sequence[int]]], Any]) -> Callable[[list[Sequence[int]]], Any]:
-        def counted(runs: list[Sequence[int]]) -> Any:
-            self.ids += sum(map(len, runs))
-            return f(runs)
-        return counted
-
-    def _count_ids(self, f: Callable[[Sequence[int]], Any]) -> Callable[[Sequence[int]], Any]:
-        def counted(ids: Sequence[int]) -> Any:
-            self.ids += len(ids)
-            return f(ids)
-        return counted
-
-    @property
-    def work(self) -> int:
-        return self.chars + self.ids
-
-
-class _CountedTokenizer:
-    """The library tokenizer under a vocabulary, its encode counted too (the
-    views may ask it for offsets directly)."""
-
-    def __init__(self, tok: Any, counts: Counted) -> None:
-        self._tok = tok
-        self._counts = counts
-
-    def encode(self, text: str, *args: Any, **kwargs: Any) -> Any:
-        self._counts.chars += len(text)
-        return self._tok.encode(text, *args, **kwargs)
-
-    def decode(self, ids: Sequence[int], *args: Any, **kwargs: Any) -> Any:
-        self._counts.ids += len(ids)
-        return self._tok.decode(ids, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The playground as its tests and the screenshot script use it: the real
 ``xtml playground`` command started on 127.0.0.1 (port 0), and a headless
-Chromium driven by selenium through Debian's chromedriver."""
+Chromium driven by selenium through Debian's chromedriver; and the views'
+tokenizer work, counted."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import xtml
 from tests.helpers.engines import stop_process
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -112,3 +114,61 @@ def static_hash() -> str:
     for f in sorted(STATIC.iterdir()):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+class Counted:
+    """A vocabulary's encode and decode calls counted by what they are
+    handed: characters to encode, ids to decode."""
+
+    def __init__(self, vocab: xtml.Vocabulary, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.chars = 0
+        self.ids = 0
+        for name in ("ids_of", "encode_texts"):
+            monkeypatch.setattr(vocab, name, self._count_chars(getattr(vocab, name)))
+        for name in ("decode_batch", "decode_runs"):
+            monkeypatch.setattr(vocab, name, self._count_runs(getattr(vocab, name)))
+        monkeypatch.setattr(vocab, "decode", self._count_ids(vocab.decode))
+        tok = vocab.tokenizer
+        monkeypatch.setattr(vocab, "_tok", _CountedTokenizer(tok, self))
+
+    def _count_chars(self, f: Callable[[Sequence[str]], Any]) -> Callable[[Sequence[str]], Any]:
+        def counted(texts: Sequence[str]) -> Any:
+            self.chars += sum(map(len, texts))
+            return f(texts)
+        return counted
+
+    def _count_runs(self, f: Callable[[list[Sequence[int]]], Any]) -> Callable[[list[Sequence[int]]], Any]:
+        def counted(runs: list[Sequence[int]]) -> Any:
+            self.ids += sum(map(len, runs))
+            return f(runs)
+        return counted
+
+    def _count_ids(self, f: Callable[[Sequence[int]], Any]) -> Callable[[Sequence[int]], Any]:
+        def counted(ids: Sequence[int]) -> Any:
+            self.ids += len(ids)
+            return f(ids)
+        return counted
+
+    @property
+    def work(self) -> int:
+        return self.chars + self.ids
+
+
+class _CountedTokenizer:
+    """The library tokenizer under a vocabulary, its encode counted too (the
+    views may ask it for offsets directly)."""
+
+    def __init__(self, tok: Any, counts: Counted) -> None:
+        self._tok = tok
+        self._counts = counts
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> Any:
+        self._counts.chars += len(text)
+        return self._tok.encode(text, *args, **kwargs)
+
+    def decode(self, ids: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        self._counts.ids += len(ids)
+        return self._tok.decode(ids, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)

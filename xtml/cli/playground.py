@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from ..template import load
 from ..vocab.load import load_tokenizer
-from .common import TOKENIZER_HELP, added_tokens, refuse_layout, require
+from .common import TOKENIZER_HELP, added_tokens, require
 from .output import UsageError
 from .serve import SERVE_MODULES, port_number, serve_app
 
@@ -20,6 +20,7 @@ EPILOG = """examples:
   xtml playground                                   # http://127.0.0.1:8765, a small tokenizer made on the spot
   xtml playground --tokenizer path/to/model -t kimi-k3
   xtml playground --tokenizer tok.json --add-markers -t my-model.toml --port 9000
+  xtml playground -t qwen3 --tokenizer model.gguf      # a layout dialect: render, parse and stream views
 
 Open the address it prints in a browser. The page renders examples/chat.json to start with: edit the
 request, pick a template (or paste one), and look at its tokens, the training mask, a parse of a
@@ -73,7 +74,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(f"{'--api-key' if args.api_key is not None else API_KEY_ENV}: {e}") from None
 
     tpl = load(args.template)  # a bad template file is one line, before anything listens
-    refuse_layout(tpl, "xtml playground")
     vocab = None
     if args.tokenizer:
         vocab = load_tokenizer(args.tokenizer, add_special_tokens=added_tokens(tpl) if args.add_markers else ())

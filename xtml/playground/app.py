@@ -42,7 +42,7 @@ from ..serving.asgi import Refused, content_type, read_body, read_json
 from ..serving.auth import BearerGuard
 from ..serving.gateway import MAX_BODY
 from ..vocab.vocabulary import Vocabulary
-from .views import FieldError, Session, templates
+from .views import FieldError, Session, example_completion, templates
 
 __all__ = ["STATIC", "HostCheck", "create_app"]
 
@@ -222,9 +222,9 @@ def create_app(tokenizer: Vocabulary | None = None, *, template: str = "kimi-k3"
         "a small byte-level BPE made on the spot (--tokenizer for your model's)" if tokenizer is None
         else "the tokenizer given"))
     opening: dict[str, Any] = {"name": template}
-    from ..chat.template_file import BUILTIN
+    from ..chat.template_file import BUILTIN, LAYOUT_BUILTIN
 
-    if template not in BUILTIN:
+    if template not in BUILTIN and template not in LAYOUT_BUILTIN:
         with open(template, encoding="utf-8") as f:
             opening = {"toml": f.read()}
         # The operator's own file may read local files, as it would with
@@ -233,6 +233,9 @@ def create_app(tokenizer: Vocabulary | None = None, *, template: str = "kimi-k3"
         session.template(opening)  # a bad file fails now, not in the page
     else:
         session.default_template = template
+    # A completion in the opening template's own format, for the views that
+    # read one: the example's is in K3's.
+    completion = example_completion(session.template(opening)) or _static("completion.txt").decode("utf-8")
     api = _Api(session, max_body)
 
     async def page(request: Request) -> Response:
@@ -247,7 +250,7 @@ def create_app(tokenizer: Vocabulary | None = None, *, template: str = "kimi-k3"
     async def info(request: Request) -> Response:
         return JSONResponse({"templates": templates(), "template": opening, "tokenizer": session.tokenizer_name,
                              "example": _static("example.json").decode("utf-8"),
-                             "completion": _static("completion.txt").decode("utf-8")}, headers=_HEADERS)
+                             "completion": completion}, headers=_HEADERS)
 
     routes = [
         Route("/", page, methods=["GET"]),

@@ -20,18 +20,21 @@ from typing import Any
 
 from ..chat.dialect import Dialect
 from ..chat.keys import locate
-from ..chat.template_file import BUILTIN, builtin_files, check_text
+from ..chat.layout_file import check_any_text
+from ..chat.template_file import BUILTIN, LAYOUT_BUILTIN, builtin_files
 from ..errors import CallerError, OptionError, XtmlError
 from ..markup.nodes import Element
 from ..markup.segments import Segment
 from ..plugins.jsonfmt import BadInput, input_json
 from ..serving.openai import ChunkStream, chat_completion
-from ..template import Ambiguity, Template, load
+from ..template import Ambiguity, LayoutTemplate, Template, load
 from ..training import overruns, with_training_defaults
 from ..vocab.binding import Binding
+from ..vocab.tokens import TokenBinding
 from ..vocab.vocabulary import Vocabulary
+from .layout_views import example_completion, frame_roles, frames, literal_spans
 
-__all__ = ["MAX_IDS", "MAX_PAGE", "MAX_TEXT", "FieldError", "Session", "default_tokenizer"]
+__all__ = ["MAX_IDS", "MAX_PAGE", "MAX_TEXT", "FieldError", "Session", "default_tokenizer", "example_completion"]
 
 MAX_PAGE = 1000
 """Most entries of the grammar's "allowed next" list in one answer."""
@@ -111,14 +114,14 @@ def default_tokenizer(template: Template) -> Vocabulary:
     common words are one token and every byte still encodes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    path = builtin_files().get(template.name) or template.dialect.path
+    path = builtin_files().get(template.name) or builtin_files(layout=True).get(template.name) or template.path
     corpus = [_read(str(path)) if path else "", *_PHRASES]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(corpus, trainers.BpeTrainer(
         vocab_size=2000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-        special_tokens=list(template.markers.all())))
+        special_tokens=list(_own_tokens(template))))
     return Vocabulary(bpe, "<a byte-level BPE made on the spot>")
 
 
@@ -130,6 +133,12 @@ _PHRASES = [
 ] * 20
 
 
+def _own_tokens(t: Template) -> tuple[str, ...]:
+    """The token strings a template writes: an XTML dialect's markers, or
+    a layout dialect's declared tokens."""
+    return t.layout.tokens if isinstance(t, LayoutTemplate) else tuple(t.markers.all())
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -139,21 +148,28 @@ def _read(path: str) -> str:
 
 
 def templates() -> list[dict[str, Any]]:
-    """The built-in templates, one entry per file, with their controls."""
-    files = builtin_files()
+    """The built-in templates, one entry per file, with their controls:
+    the XTML dialects, then the layout dialects."""
     seen: dict[str, dict[str, Any]] = {}
-    for name, file in BUILTIN.items():
-        if file in seen:
-            continue
-        seen[file] = {"name": name, **controls(load(name)), "path": str(files[name])}
+    for table, files in ((BUILTIN, builtin_files()), (LAYOUT_BUILTIN, builtin_files(layout=True))):
+        for name, file in table.items():
+            if file in seen:
+                continue
+            seen[file] = {"name": name, **controls(load(name)), "path": str(files[name])}
     return list(seen.values())
 
 
 def controls(t: Template) -> dict[str, Any]:
-    """The options the dialect offers, for the page's controls."""
+    """The options the dialect offers, for the page's controls; a layout
+    dialect's own options (the official template's keyword names) under
+    ``options``, each with its default."""
     d = t.dialect
-    return {"description": d.description, "efforts": list(d.efforts), "thinking_default": d.thinking_default,
-            "default_effort": d.default_effort}
+    out = {"description": d.description, "efforts": list(d.efforts), "thinking_default": d.thinking_default,
+           "default_effort": d.default_effort, "layout": isinstance(t, LayoutTemplate), "options": {}}
+    if isinstance(t, LayoutTemplate):
+        out["options"] = {k: v if v is None or isinstance(v, bool | int | float | str) else str(v)
+                          for k, v in t.layout.options.items()}
+    return out
 
 
 @dataclass
@@ -189,30 +205,30 @@ class Session:
                 raise FieldError("template.toml must be the template file's text", field="template")
             t = self._pasted.get(text)
             if t is None:
-                d, problems = check_text(text, "template.toml")
+                d, problems = check_any_text(text, "template.toml")
                 if d is None:
                     p = problems[0]
                     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                     hint = f"; {p.hint}" if p.hint else ""
                     raise FieldError(f"{p.message}{hint}{more}", field="template", location=p.where("template.toml"),
                                      line=p.line, column=p.column)
-                if text not in self.trusted:
+                if isinstance(d, Dialect) and text not in self.trusted:
                     _refuse_file_reading(d, text)
-                t = Template(d)
+                t = Template(d) if isinstance(d, Dialect) else LayoutTemplate(d)
                 if len(self._pasted) >= 16:
                     del self._pasted[next(iter(self._pasted))]
                 self._pasted[text] = t
             return t
         name = raw.get("name", self.default_template)
-        if not isinstance(name, str) or name not in BUILTIN:
-            raise FieldError(f"template.name must be a built-in template ({', '.join(BUILTIN)}), not "
-                             f"{str(name)[:40]!r}", field="template")
+        if not isinstance(name, str) or (name not in BUILTIN and name not in LAYOUT_BUILTIN):
+            raise FieldError(f"template.name must be a built-in template ({', '.join([*BUILTIN, *LAYOUT_BUILTIN])}), "
+                             f"not {str(name)[:40]!r}", field="template")
         return load(name)
 
     def tokenizer(self, t: Template) -> Vocabulary:
         if self.vocab is not None:
             return self.vocab
-        key = t.dialect.name + "\0" + "\0".join(t.markers.all())
+        key = t.name + "\0" + "\0".join(_own_tokens(t))
         v = self._made.get(key)
         if v is None:
             v = default_tokenizer(t)
@@ -221,7 +237,7 @@ class Session:
             self._made[key] = v
         return v
 
-    def binding(self, t: Template) -> Binding:
+    def binding(self, t: Template) -> Binding | TokenBinding:
         try:
             return t.bind(self.tokenizer(t))
         except XtmlError as e:
@@ -275,6 +291,10 @@ class Session:
         loss mask with the budget check (or why there is none)."""
         t, request, options = self.request(body)
         b = self.binding(t)
+        if isinstance(t, LayoutTemplate):
+            assert isinstance(b, TokenBinding)
+            return self._render_layout(t, b, request, options)
+        assert isinstance(b, Binding)
         try:
             rendered = t.render(request, **options)
             if len(rendered.text) > MAX_TEXT:
@@ -315,7 +335,54 @@ class Session:
                 messages[out_tokens[span["start"]]["message"]]["source"] = span["message"]
         return result
 
-    def _training(self, t: Template, b: Binding, request: Any, options: dict[str, Any],
+    def _render_layout(self, t: LayoutTemplate, b: TokenBinding, request: Any,
+                       options: dict[str, Any]) -> dict[str, Any]:
+        """The render view of a layout dialect: it has no markup tree, so
+        each token's ``path`` is None and tokens are grouped by the frame
+        (the turn) that writes them; the render's declared drops are listed."""
+        try:
+            rendered = t.render(request, **options)
+            if len(rendered.text) > MAX_TEXT:
+                raise FieldError(f"the request renders to {len(rendered.text):,} characters, more than the "
+                                 f"{MAX_TEXT:,} the playground shows", field="request")
+            ids = t.encode(request, b.vocab, **options)
+        except XtmlError as e:
+            raise _from(e, "request") from None
+        marker_ids = b.char_of_id
+        table = b.vocab.byte_table()
+        turns = frames(t, b, ids)
+        out_tokens: list[dict[str, Any]] = []
+        raws: list[bytes] = []
+        for k, tid in enumerate(ids):
+            marker = tid in marker_ids
+            text = b.vocab.decode([tid])
+            raw = table[tid] if tid < len(table) and not marker else text.encode()
+            raws.append(raw)
+            out_tokens.append({"id": tid, "text": text, "bytes": raw.hex(" "), "marker": marker,
+                               "message": turns[k], "path": None, "offset": k})
+        messages: dict[int, dict[str, Any]] = {}
+        for tok in out_tokens:
+            m = messages.setdefault(tok["message"], {"index": tok["message"], "tokens": 0, "role": None,
+                                                     "source": None})
+            m["tokens"] += 1
+        frame_roles(t, out_tokens, messages, request)
+        found = rendered.ambiguous
+        spans = literal_spans(rendered.text, found, raws)
+        ambiguous = [{"offset": a.offset, "marker": a.marker, "message": out_tokens[span[0]]["message"],
+                      "tokens": span} for a, span in zip(found, spans, strict=True)]
+        return {
+            "template": t.name, "tokenizer": self.tokenizer_name, "ids": ids, "tokens": out_tokens,
+            "messages": list(messages.values()), "text": rendered.text, "ambiguous": ambiguous,
+            # The ids of encode and those of the render's own segments: one and the same.
+            "consistent": b.encode_segments(rendered.segments) == ids,
+            "layout": True,
+            "tree": f"{t.name} is a layout dialect: it has no markup tree; its tokens are grouped by the turn "
+                    "that writes them",
+            "dropped": [{"message": d.message, "field": d.field, "why": d.why} for d in rendered.dropped],
+            "training": self._training(t, b, request, options, ids),
+        }
+
+    def _training(self, t: Template, b: Binding | TokenBinding, request: Any, options: dict[str, Any],
                   ids: list[int]) -> dict[str, Any]:
         # As lint-dataset reads a row: without the generation prompt unless the
         # request asks for it.
@@ -323,11 +390,14 @@ class Session:
             ex = t.encode_training(with_training_defaults(request), b.vocab, **options)
         except XtmlError as e:
             return {"error": str(e)}
-        over = overruns(ex, t.dialect)
+        # A layout dialect declares no thinking budgets: nothing runs over one.
+        rules = getattr(t.dialect, "training", None)
+        over = overruns(ex, t.dialect) if rules is not None else []
         return {
             "ids": ex.ids, "mask": list(ex.mask_bytes), "effort": ex.effort,
             "trained": sum(ex.mask_bytes), "same_ids": ex.ids == ids[: len(ex.ids)],
-            "budgets": dict(t.dialect.training.budgets), "think_channel": t.dialect.channel_tag("reasoning"),
+            "budgets": dict(rules.budgets) if rules is not None else {},
+            "think_channel": t.dialect.channel_tag("reasoning"),
             "spans": [{"message": s.message, "role": s.role, "channel": s.channel, "start": s.start, "end": s.end,
                        "body_tokens": s.body_tokens} for s in ex.spans],
             "overruns": [{"message": o.message, "effort": o.effort, "tokens": o.tokens, "budget": o.budget}
@@ -336,9 +406,10 @@ class Session:
 
     # -- parse and stream ----------------------------------------------------------
 
-    def _tokens_of(self, b: Binding, ids: Sequence[int]) -> list[dict[str, Any]]:
+    def _tokens_of(self, b: Binding | TokenBinding, ids: Sequence[int]) -> list[dict[str, Any]]:
         table = b.vocab.byte_table()
-        return [{"id": i, "text": b.vocab.decode([i]), "marker": i in b.kind_of_id,
+        markers = _marker_ids(b)
+        return [{"id": i, "text": b.vocab.decode([i]), "marker": i in markers,
                  "bytes": table[i].hex(" ") if i < len(table) else ""} for i in ids]
 
     def parse(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -380,9 +451,10 @@ class Session:
         # Markers among the first k ids, so that whether a held run holds one
         # is known without reading it: a tag that never reaches its
         # separator holds every id after it, step after step.
+        marker_ids = _marker_ids(b)
         markers = [0]
         for i in ids:
-            markers.append(markers[-1] + (i in b.kind_of_id))
+            markers.append(markers[-1] + (i in marker_ids))
         at = 0
         shown = 0  # ids up to here have shown up in an event
         for size in [*sizes, 0]:
@@ -397,7 +469,7 @@ class Session:
             # said by their extent, not again as tokens at every step.
             held_from = min(shown, at) if size else at
             held = at - held_from
-            why = _why_held(b, ids, held_from, at, markers[at] > markers[held_from])
+            why = _why_held(b, ids, held_from, at, markers[at] > markers[held_from], isinstance(t, LayoutTemplate))
             steps.append({"start": at - size, "ids": fed, "closed": not size, "events": out_events,
                           "chunks": out_chunks, "held": held, "held_from": held_from, "why": why,
                           "state": parser.state.value})
@@ -412,7 +484,16 @@ class Session:
         t, request, options = self.request(body)
         b = self.binding(t)
         try:
-            grammar = t.completion_grammar(request, b.vocab, format="llguidance", **options)
+            if isinstance(t, LayoutTemplate):
+                # The request's own errors are the request's; a grammar the
+                # dialect does not have yet is the view's to say.
+                t.render(request, **options)
+                try:
+                    grammar = t.completion_grammar(request, b.vocab, format="llguidance", **options)
+                except OptionError as e:
+                    return {"grammar": "", "available": False, "missing": str(e)}
+            else:
+                grammar = t.completion_grammar(request, b.vocab, format="llguidance", **options)
         except XtmlError as e:
             raise _from(e, "request") from None
         result: dict[str, Any] = {"grammar": grammar}
@@ -460,8 +541,8 @@ class Session:
         result["allowed"] = self._tokens_of(b, page)
         return result
 
-    def _lltokenizer(self, llguidance: Any, t: Template, b: Binding) -> Any:
-        end = b.marker_ids[t.markers.end]
+    def _lltokenizer(self, llguidance: Any, t: Template, b: Binding | TokenBinding) -> Any:
+        end = b.stop_ids[0] if isinstance(b, TokenBinding) else b.marker_ids[t.markers.end]
         hit = self._ll.get(end)
         if hit is not None and hit[0] is b.vocab:
             return hit[1]
@@ -531,13 +612,18 @@ def _event(e: Any) -> dict[str, Any]:
                            "message", "stop_reason", "diagnostic", "role") if (v := getattr(e, k)) is not None}
 
 
-def _why_held(b: Binding, ids: Sequence[int], start: int, end: int, marker: bool) -> str:
+def _why_held(b: Binding | TokenBinding, ids: Sequence[int], start: int, end: int, marker: bool,
+              layout: bool = False) -> str:
     """Why ``ids[start:end]``, read, have not shown in an event yet
-    (``marker``: whether a marker is among them). Looks at the run's last
-    few ids at most: a run that is not cut inside a character is text the
-    parser is still reading, however long it is."""
+    (``marker``: whether a marker is among them; ``layout``: the stream of
+    a layout dialect). Looks at the run's last few ids at most: a run that
+    is not cut inside a character is text the parser is still reading,
+    however long it is."""
     if start >= end:
         return ""
+    if layout and marker:
+        return ("a token of the format: what it opens (a tool call, say) goes out with the message, read whole "
+                "when the answer ends")
     if marker:
         return ("a tag: what it opens or closes is known at its separator marker, so its marker and name wait "
                 "for it")
@@ -547,7 +633,18 @@ def _why_held(b: Binding, ids: Sequence[int], start: int, end: int, marker: bool
     decoder.decode(tail, final=False)
     if decoder.getstate()[0]:
         return "bytes of a character not complete yet: text goes out in whole characters"
+    if layout:
+        return ("text whose place is not known yet: newlines that may end a block or come before a call, or an "
+                "answer the format reads whole when it ends")
     return "text that may still be part of a tag or an element the parser is reading"
+
+
+def _marker_ids(b: Binding | TokenBinding) -> Mapping[int, Any]:
+    """The ids that are the format's own: an XTML dialect's markers, a
+    layout dialect's tokens that are one id in this vocabulary (one it
+    spells as text is text)."""
+    return b.char_of_id if isinstance(b, TokenBinding) else b.kind_of_id
+
 
 
 def _bits(mask: bytes, size: int) -> Iterator[int]:

@@ -107,11 +107,28 @@ function completionBody(extra) {
 
 // -- options ---------------------------------------------------------------------------
 
+// The template picked, as /api/info lists it (none for a pasted file).
+function currentTemplate() {
+  return templates.find((t) => state.template.name && t.name === state.template.name);
+}
+
+// The options every template has a control for (a dialect's own option of one
+// of these names is set there).
+const FIXED = new Set(["thinking", "thinking_effort", "tool_choice", "response_format", "add_generation_prompt"]);
+
+// Every layout dialect's own option names: one is sent only with its template.
+function dialectOptionNames() {
+  return new Set(templates.flatMap((t) => Object.keys(t.options || {})).filter((k) => !FIXED.has(k)));
+}
+
 function optionValues() {
   const out = {};
+  const own = (currentTemplate() || {}).options || {};
+  const dialects = dialectOptionNames();
   for (const [key, value] of Object.entries(state.options)) {
     if (value === "" || value === undefined) continue;
-    if (key === "thinking" || key === "add_generation_prompt") out[key] = value === "true";
+    if (dialects.has(key) && !(key in own)) continue;
+    if (key === "thinking" || key === "add_generation_prompt" || typeof own[key] === "boolean") out[key] = value === "true";
     else if (key === "response_format") out[key] = { type: value };
     else if (key === "tool_choice") {
       out[key] = ["auto", "none", "required"].includes(value) ? value : { type: "function", function: { name: value } };
@@ -126,8 +143,39 @@ function fillSelect(select, values, current) {
   select.value = values.includes(current) ? current : "";
 }
 
+// A layout dialect's own options (the official template's keyword names), each
+// a select like the others.
+function drawDialectOptions(tpl) {
+  const box = $("dialect-options");
+  box.replaceChildren();
+  const own = (tpl && tpl.options) || {};
+  for (const [name, fallback] of Object.entries(own)) {
+    if (FIXED.has(name)) continue;
+    const label = document.createElement("label");
+    // A true-or-false option is a select; another (a date, say) is text.
+    const boolean = typeof fallback === "boolean";
+    const select = document.createElement(boolean ? "select" : "input");
+    select.dataset.option = name;
+    select.id = `opt-own-${name}`;
+    if (boolean) {
+      select.append(new Option("as the request says", ""), new Option("true", "true"), new Option("false", "false"));
+    } else {
+      select.placeholder = "as the request says";
+    }
+    select.value = state.options[name] || "";
+    select.addEventListener("change", () => {
+      state.options[name] = select.value;
+      changed(["render", "training", "grammar"]);
+    });
+    label.append(`${name} (default ${fallback === null ? "none" : fallback}) `, select);
+    box.append(label);
+  }
+  box.hidden = !box.children.length;
+}
+
 function refreshControls() {
-  const tpl = templates.find((t) => state.template.name && t.name === state.template.name);
+  const tpl = currentTemplate();
+  drawDialectOptions(tpl);
   const efforts = tpl ? tpl.efforts : (templates[0] ? templates[0].efforts : []);
   fillSelect($("opt-effort"), efforts, state.options.thinking_effort || "");
   let tools = [];
@@ -140,7 +188,7 @@ function refreshControls() {
     // The request is being edited: its error is shown by the render.
   }
   fillSelect($("opt-tool-choice"), ["auto", "none", "required", ...tools], state.options.tool_choice || "");
-  for (const el of document.querySelectorAll("[data-option]")) {
+  for (const el of document.querySelectorAll("#controls > label > [data-option]")) {
     if (el.id !== "opt-effort" && el.id !== "opt-tool-choice") el.value = state.options[el.dataset.option] || "";
   }
 }
@@ -174,8 +222,10 @@ function showInfo(el) {
 
 function renderInfo(tok, msg) {
   const where = msg ? `message ${tok.message} (${msg.role}${sourceName(msg) ? ", " + sourceName(msg) : ""})` : "";
+  // A layout dialect's tokens have no element: its format has no markup tree.
+  const element = tok.path === null ? "" : ` · element ${tok.path || "(top)"}`;
   return `token ${tok.offset} · id ${tok.id} · ${tok.marker ? "marker" : "text"} ${JSON.stringify(tok.text)}\n` +
-    `bytes ${tok.bytes} · ${where} · element ${tok.path || "(top)"}`;
+    `bytes ${tok.bytes} · ${where}${element}`;
 }
 
 function sourceName(msg) {
@@ -272,7 +322,19 @@ function drawRender() {
     group.append(el);
   }
   $("render-summary").textContent = `${data.tokens.length} tokens in ${data.messages.length} messages · ` +
-    `template ${data.template} · markers are special ids (dark), text is ordinary ids (light)`;
+    `template ${data.template} · ` + (data.layout
+    ? `the format's tokens are their ids (dark), text is ordinary ids (light) · ${data.tree}`
+    : "markers are special ids (dark), text is ordinary ids (light)");
+  const dropped = $("dropped");
+  dropped.replaceChildren();
+  const drops = data.dropped || [];
+  dropped.hidden = !drops.length;
+  for (const d of drops) {
+    const li = document.createElement("li");
+    const where = d.message < 0 ? `the request's ${d.field}` : `messages[${d.message}].${d.field}`;
+    li.textContent = `Not written: ${where} (${d.why}), as the model's own template leaves it out.`;
+    dropped.append(li);
+  }
   const list = $("ambiguous");
   list.replaceChildren();
   list.hidden = !data.ambiguous.length;
@@ -516,7 +578,7 @@ async function computeGrammar() {
   $("grammar-text").textContent = data.grammar;
   $("grammar-missing").hidden = data.available;
   if (!data.available) {
-    $("grammar-missing").textContent = `The "allowed next" list needs llguidance: ${data.install}`;
+    $("grammar-missing").textContent = data.missing || `The "allowed next" list needs llguidance: ${data.install}`;
     $("grammar-summary").textContent = "";
     $("allowed").replaceChildren();
     $("grammar-tokens").replaceChildren();
@@ -695,7 +757,7 @@ function wire() {
     state.thinking = $("completion-thinking").value;
     changed(["parse", "stream"]);
   });
-  for (const el of document.querySelectorAll("[data-option]")) {
+  for (const el of document.querySelectorAll("#controls > label > [data-option]")) {
     el.addEventListener("change", () => {
       state.options[el.dataset.option] = el.value;
       changed(["render", "training", "grammar"]);
