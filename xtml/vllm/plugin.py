@@ -31,7 +31,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import TemplateError
-from ..template import Template, load
+from ..template import LayoutTemplate, Template, load
 
 __all__ = ["PARSE_SHAPE", "TEMPLATE_ENV", "VLLM_RANGE", "hook_problem", "register", "template"]
 
@@ -74,9 +74,12 @@ def register() -> None:
         from vllm.tool_parsers import ToolParserManager
     except ImportError:
         return
-    template()
-    ToolParserManager.register_lazy_module("xtml", "xtml.vllm.parsers", "XtmlToolParser")
-    ReasoningParserManager.register_lazy_module("xtml", "xtml.vllm.parsers", "XtmlReasoningParser")
+    # A layout template's answer opens its own reasoning block: its parsers
+    # read it so (xtml.vllm.layout).
+    layout = isinstance(template(), LayoutTemplate)
+    module, kind = ("xtml.vllm.layout", "Layout") if layout else ("xtml.vllm.parsers", "")
+    ToolParserManager.register_lazy_module("xtml", module, f"Xtml{kind}ToolParser")
+    ReasoningParserManager.register_lazy_module("xtml", module, f"Xtml{kind}ReasoningParser")
     _hand_whole_answers_ids()
     _registered = True
 
