@@ -19,7 +19,7 @@ from .chunks import ChunkStream
 from .engines import BackendError, Generation
 from .legacy import FunctionCalls
 from .served import Job, Served
-from .shape import Shaped, shape_message
+from .shape import Shaped, shape_message, writes_call_ids
 from .stops import StopSequences
 
 if TYPE_CHECKING:
@@ -115,7 +115,8 @@ class Choice:
                              max_chars=max(len(ids), 1))
         except XtmlError as e:
             raise BackendError(f"the backend's ids cannot be read: {e}", code="backend_invalid_response") from None
-        shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length", max_calls=self.max_calls)
+        shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length", max_calls=self.max_calls,
+                               keep_ids=writes_call_ids(t))
         if self.stops is not None:
             shaped = self.stops.message(shaped, len(ids))
         self.n = len(ids)

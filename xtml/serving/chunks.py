@@ -26,6 +26,7 @@ from .shape import (
     new_completion_id,
     shape,
     usage,
+    writes_call_ids,
 )
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class ChunkStream:
         self.include_usage = include_usage
         self.stream_arguments = stream_arguments
         self._ids = ids or new_call_id
+        self._keep_ids = writes_call_ids(template)
         d: Dialect | None = template if template is None or isinstance(template, Dialect) else template.dialect
         # Which channel's text is which field: the dialect says what each holds.
         reasoning = d.channel_tag("reasoning") if d is not None else "think"
@@ -430,7 +432,7 @@ class ChunkStream:
 
         shaped = shape(e.message or {"role": "assistant"}, e.stop_reason == "length", id_of,
                         cut_at(self._diags, e.offset), self.cut_by if self.cut_by in CUT_BY else "length",
-                        self.max_calls)
+                        self.max_calls, self._keep_ids)
         kept = shaped.message.get("tool_calls", [])
         extra: list[dict[str, Any]] = []
         for k, call in enumerate(kept):

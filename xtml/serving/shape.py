@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from ..errors import RequestError
 
-__all__ = ["Shaped", "chat_completion", "new_call_id", "new_completion_id", "shape_message", "usage"]
+__all__ = ["Shaped", "chat_completion", "new_call_id", "new_completion_id", "shape_message", "usage", "writes_call_ids"]
 
 
 def new_call_id() -> str:
@@ -26,6 +26,13 @@ def new_call_id() -> str:
 def new_completion_id() -> str:
     """A completion id: ``chatcmpl-`` and 24 random URL-safe characters."""
     return "chatcmpl-" + secrets.token_urlsafe(18)
+
+
+def writes_call_ids(template: Any) -> bool:
+    """Whether ``template``'s format writes a call's id in the answer (Kimi
+    K2's ``functions.NAME:IDX``), so that its parse reads back the id the
+    model wrote: an XTML template's parse makes up positional ids instead."""
+    return getattr(getattr(template, "layout", None), "call_ids", "absent") != "absent"
 
 
 
@@ -86,18 +93,20 @@ def _bad(where: str, msg: str) -> RequestError:
     return RequestError(msg, location=f"parsed completion: {where}")
 
 
-def _calls_of(parsed: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(name, arguments) of each call of a parsed message."""
+def _calls_of(parsed: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(name, arguments, id) of each call of a parsed message; the id where
+    the format writes one (Kimi K2's ``functions.NAME:IDX``), else None."""
     calls = parsed.get("tool_calls") or []
     if not isinstance(calls, list):
         raise _bad("tool_calls", "tool_calls must be a list")
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str, str | None]] = []
     for i, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
                 or not isinstance(fn.get("arguments"), str):
             raise _bad(f"tool_calls[{i}]", "a call must be {'function': {'name': str, 'arguments': str}}")
-        out.append((fn["name"], fn["arguments"]))
+        given = c.get("id")
+        out.append((fn["name"], fn["arguments"], given if isinstance(given, str) and given else None))
     return out
 
 
@@ -110,8 +119,9 @@ _ONE_CALL = ("is more than the request allows (parallel_tool_calls is false, and
 
 
 def shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by: str = "length",
-           max_calls: int | None = None) -> Shaped:
-    """The shaping itself; ``id_of(k)`` gives call ``k``'s id (from 0);
+           max_calls: int | None = None, keep_ids: bool = False) -> Shaped:
+    """The shaping itself; ``id_of(k)`` gives call ``k``'s id (from 0)
+    where ``keep_ids`` is false or the parse gave the call none;
     ``cut_by``: the finish reason of a cut message (``stop`` when the
     engine stopped it for the request's stop sequences or ids);
     ``max_calls``: the most calls handed back."""
@@ -127,12 +137,16 @@ def shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by:
     calls = _calls_of(parsed)
     kept = len(calls) - 1 if cut and calls else len(calls)
     allowed = kept if max_calls is None else min(kept, max_calls)
-    tool_calls = [{"id": id_of(k), "type": "function", "function": {"name": name, "arguments": args}}
-                  for k, (name, args) in enumerate(calls[:allowed])]
+    # A client that sends the history back must send the id the model
+    # wrote for the format to write the same call (Kimi K2 Thinking reads
+    # the name out of it); a format that writes none gets the gateway's own.
+    ids = [given if keep_ids and given else id_of(k) for k, (_, _, given) in enumerate(calls)]
+    tool_calls = [{"id": ids[k], "type": "function", "function": {"name": name, "arguments": args}}
+                  for k, (name, args, _) in enumerate(calls[:allowed])]
     for k in range(allowed, kept):
-        diags.append(call_diagnostic("withheld-call", end, k, id_of(k), calls[k][0], _ONE_CALL))
+        diags.append(call_diagnostic("withheld-call", end, k, ids[k], calls[k][0], _ONE_CALL))
     if kept < len(calls):
-        diags.append(call_diagnostic("withheld-call", cut_at(diags, end), kept, id_of(kept), calls[kept][0],
+        diags.append(call_diagnostic("withheld-call", cut_at(diags, end), kept, ids[kept], calls[kept][0],
                                 f"{CUT_BY[cut_by]}: it is withheld and must not run"))
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
     reasoning = parsed.get("reasoning_content")
@@ -146,17 +160,18 @@ def shape(parsed: Any, cut: bool, id_of: Callable[[int], str], end: int, cut_by:
 
 def shape_message(parsed: Mapping[str, Any], *, stop_reason: str | None = None,
                   ids: Callable[[], str] | None = None, cut_by: str = "length",
-                  max_calls: int | None = None) -> Shaped:
+                  max_calls: int | None = None, keep_ids: bool = False) -> Shaped:
     """A parsed completion as an OpenAI message, finish reason and
     diagnostics.
 
     ``parsed`` is what ``Template.parse(..., completion=True, lenient=True)``
     returns (its ``diagnostics`` say whether it was cut off), or the
     ``message`` of a ``message_end`` event with its ``stop_reason``. ``ids``
-    makes each call's id (default :func:`new_call_id`). ``cut_by`` is the
-    finish reason of a message that was cut off: ``length`` (the token
-    limit), or ``stop`` when the engine said it stopped for the request's
-    stop sequences or ids. ``max_calls`` is the most calls handed back
+    makes each call's id (default :func:`new_call_id`); with ``keep_ids``
+    (for a format that :func:`writes_call_ids`), a call keeps the id its
+    parse read. ``cut_by`` is the finish reason of a message that was cut
+    off: ``length`` (the token limit), or ``stop`` when the engine said it
+    stopped for the request's stop sequences or ids. ``max_calls`` is the most calls handed back
     (1 when the request set ``parallel_tool_calls`` false): the first ones
     are kept, and each further one is withheld with a diagnostic
     (``withheld-call``)."""
@@ -164,7 +179,7 @@ def shape_message(parsed: Mapping[str, Any], *, stop_reason: str | None = None,
         raise ValueError(f"cut_by must be one of {', '.join(CUT_BY)}, not {cut_by!r}")
     make = ids or new_call_id
     cut = _cut(parsed.get("diagnostics") or []) if stop_reason is None else stop_reason == "length"
-    return shape(parsed, cut, lambda k: make(), 0, cut_by, max_calls)
+    return shape(parsed, cut, lambda k: make(), 0, cut_by, max_calls, keep_ids)
 
 
 def usage(prompt_tokens: int | None, completion_tokens: int | None,
