@@ -441,3 +441,17 @@ def test_the_gateway_serves_it_with_finish_reasons(tpl: xtml.Template, vocab: An
         chunks = [c for c in client.chat.completions.create(model="m", messages=msgs, stream=True) if c.choices]
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello there."
         assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_arguments_nested_past_pythons_reader_are_a_bad_argument(tpl: xtml.Template, vocab: Any) -> None:
+    """A model can write arrays nested deeper than Python's JSON reader
+    recurses: a call like any other whose arguments are not JSON (withheld
+    and said leniently, a ParseError strictly), never a RecursionError."""
+    deep = '{"name": "f", "parameters": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    for text, kinds in ((deep + "<|eot_id|>", ["bad-argument"]),
+                        ("<|python_tag|>" + deep + "<|eom_id|>", ["respelled", "bad-argument"])):
+        ids = tpl.completion_ids(text, vocab)
+        out = tpl.parse(ids, vocab, completion=True, lenient=True)
+        assert "tool_calls" not in out and [d["kind"] for d in out["diagnostics"]] == kinds
+        with pytest.raises(xtml.ParseError):
+            tpl.parse(ids, vocab, completion=True)

@@ -6,13 +6,13 @@ patterns render writes."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ParseError, shown
 from ..lru import Lru
+from ..plugins import jsonfmt
 from .layout import EACH, HISTORY, LayoutDialect
 from .layout_pattern import ANY_TEXT, TOKEN_BASE, Cond, Lit, Pattern, Slot, Tok, items_regex, options_of
 from .layout_request import name_of_id
@@ -189,8 +189,8 @@ def _parse_rich(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
             if m.group("system") is not None:
                 messages.append({"role": "system", "content": m.group("system")})
             try:
-                result["tools"] = [json.loads(line) for line in m.group("tools").split("\n")[1:]]
-            except (ValueError, RecursionError):
+                result["tools"] = [jsonfmt.read(line) for line in m.group("tools").split("\n")[1:]]
+            except ValueError:
                 raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
             pos = m.end()
     conds = dict(d.options)
@@ -303,8 +303,8 @@ def _parse_turns(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
         m = t.tools.match(s)
         if m is not None:
             try:
-                result["tools"] = json.loads(m.group("tools"))
-            except (ValueError, RecursionError):
+                result["tools"] = jsonfmt.read(m.group("tools"))
+            except ValueError:
                 raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
             pos = m.end()
     conds = dict(d.options)
@@ -749,15 +749,15 @@ def _call_of(d: LayoutDialect, m: re.Match[str], history: bool) -> dict[str, Any
     its number)."""
     args = m.group("arguments")
     try:
-        value = json.loads(args)
-    except (ValueError, RecursionError):
+        value = jsonfmt.read(args)
+    except ValueError:  # nested past Python's reader too (jsonfmt.TooDeep)
         value = None
     if d.arguments == "tojson" and isinstance(value, str):
         # Written through tojson: a string argument is a JSON string.
         args = value
         try:
-            value = json.loads(args)
-        except (ValueError, RecursionError):
+            value = jsonfmt.read(args)
+        except ValueError:
             value = None
     if not isinstance(value, dict) and not history:
         return "the arguments of tool call # are not a JSON object"

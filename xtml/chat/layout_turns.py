@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import MessageError, OptionError, ParseError, RequestError, shown
 from ..lru import Lru
+from ..plugins import jsonfmt
 from .layout import LayoutDialect
 from .layout_parse import Lexed, _made, _Repairs, _shifted, _text, first_of
 from .layout_pattern import (
@@ -504,8 +505,8 @@ def parse_prompt_turns(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
         content: Any = mb.group("content") or ""
         if _slot_codec(r.body, "content") == "tojson":
             try:
-                content = json.loads(content)
-            except ValueError:
+                content = jsonfmt.read(content)
+            except ValueError:  # nested past Python's reader too (jsonfmt.TooDeep)
                 raise ParseError(f"a {r.name} message whose content is not JSON",
                                  offset=lx.offset(mo.end())) from None
         messages.append({"role": r.name, "content": content})
@@ -606,7 +607,7 @@ def _json_call(c: _Turns, r: _Repairs, body: str, base: int, end: int, cut: bool
         return
     args = m.group("arguments")
     try:
-        value = json.loads(args)
+        value = jsonfmt.read(args)
     except ValueError:
         value = None
     if isinstance(value, dict):
@@ -692,7 +693,7 @@ def _respelled(body: str) -> dict[str, Any] | None:
     if not stripped.startswith("{") or _has_token(stripped):
         return None
     try:
-        value = json.loads(stripped)
+        value = jsonfmt.read(stripped)
     except ValueError:
         return None
     if not isinstance(value, dict) or set(value) != {"name", "parameters"} or not isinstance(value["name"], str) \
