@@ -39,7 +39,7 @@ def test_templates_lists_the_layout_builtins_with_their_files() -> None:
     code, out, _ = run(["templates"])
     assert code == 0
     layout = builtin_files(layout=True)
-    assert set(layout) == {"smollm2", "qwen3"}
+    assert set(layout) == {"smollm2", "qwen3", "llama-3.1", "kimi-k2", "kimi-k2-thinking", "deepseek-v3.1"}
     for name, path in layout.items():
         assert f"{name} (layout dialect)\n" in out
         assert path.is_file() and f"  {path}\n" in out
@@ -172,12 +172,6 @@ def test_validate_checks_a_layout_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv", [
     ["fuzz", "-t", "smollm2", "-n", "1"],
-    ["export", "jinja", "-t", "smollm2"],
-    ["export", "hf", "{tmp}/hf", "-t", "smollm2", "--tokenizer", BASE_TOKENIZER, "--add-markers"],
-    ["render-dataset", "{tmp}/rows.jsonl", "-t", "smollm2", "--tokenizer", BASE_TOKENIZER, "--add-markers",
-     "-o", "{tmp}/out.parquet"],
-    ["lint-dataset", "{tmp}/rows.jsonl", "-t", "smollm2", "--tokenizer", BASE_TOKENIZER, "--add-markers"],
-    ["playground", "-t", "smollm2", "--port", "0"],
 ])
 def test_what_layout_dialects_do_not_have_yet_is_refused_in_one_line(argv: list[str], tmp_path: Path) -> None:
     (tmp_path / "rows.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
@@ -191,8 +185,10 @@ def test_what_layout_dialects_do_not_have_yet_is_refused_in_one_line(argv: list[
 
 def test_the_grammar_export_and_serve_refuse_in_one_line() -> None:
     request = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
-    line = _one_line_error(*run(["export", "grammar", "-", "-t", "smollm2"], stdin=request))
-    assert "the completion grammar" in line and "is not yet available for the layout dialect 'smollm2'" in line
+    line = _one_line_error(*run(["export", "grammar", "-", "-t", "llama-3.1"], stdin=request))
+    assert "the completion grammar" in line and "is not yet available for the layout dialect 'llama-3.1'" in line
+    code, out, _ = run(["export", "grammar", "-", "-t", "smollm2"], stdin=request)
+    assert code == 0 and out.startswith("%llguidance {}\n// xtml completion grammar (llguidance): template smollm2")
     # The tokenizer is checked against the dialect's tokens before anything listens.
     line = _one_line_error(*run(["serve", "-t", "smollm2", "--tokenizer", BASE_TOKENIZER, "--backend",
                                  "http://127.0.0.1:9", "--backend-kind", "llamacpp"]))

@@ -559,7 +559,7 @@ class LayoutTemplate(Template):
         return {"limit": limit}
 
     def _render(self, request: Any, options: dict[str, Any]) -> Any:
-        from .chat.layout_render import render as layout_render
+        from .chat.layout_engine import render as layout_render
 
         limit = self._options(options)["limit"]
         if limit is not None:
@@ -580,7 +580,7 @@ class LayoutTemplate(Template):
                         dropped=r.dropped)
 
     def normalize(self, request: Any, **options: Any) -> dict[str, Any]:
-        from .chat.layout_render import normal_form as layout_normal_form
+        from .chat.layout_engine import normal_form as layout_normal_form
 
         self._render(request, dict(options))  # the same checks as render
         self._options(options)
@@ -601,7 +601,11 @@ class LayoutTemplate(Template):
 
     def encode_training(self, request: Any, tokenizer: TokenizerLike, *, train: Any = None,
                         **options: Any) -> TrainingExample:
-        raise self._not_yet("training masks")
+        from .codec.layout_training import encode_layout_example
+
+        limit = self._options(options)["limit"]
+        return encode_layout_example(self.layout, self.bind(tokenizer), request, train=train, options=options,
+                                     max_chars=limit)
 
     def bind(self, tokenizer: TokenizerLike) -> TokenBinding:  # type: ignore[override]
         # Not a Binding: a layout format has tokens, not XTML markers; the
@@ -615,7 +619,7 @@ class LayoutTemplate(Template):
         from .chat.layout_pattern import Builder
 
         b = Builder()
-        self.layout.prompt.render({}, dict(self.layout.options), b)
+        self.layout.prompt.render({}, {**self.layout.options, "after_user": True}, b)
         return b.finish()
 
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,  # type: ignore[override]
@@ -634,9 +638,14 @@ class LayoutTemplate(Template):
 
     def completion_grammar(self, request: Any, tokenizer: TokenizerLike | None = None, *,
                            format: str = "llguidance", **options: Any) -> str:
-        raise OptionError(f"the completion grammar (what tool_choice, response_format and parallel_tool_calls=false "
-                          f"need) is not yet available for the layout dialect {self.layout.name!r}",
-                          option="tool_choice")
+        from .codec.completion.layout_plan import layout_plan
+        from .codec.completion.layout_writer import write
+
+        limit = self._options(options)["limit"]
+        if limit is not None and request_size(request, limit) > limit:
+            raise RequestError(f"the request is too large: more than max_chars={limit:,}")
+        binding = self.bind(tokenizer) if tokenizer is not None else None
+        return write(layout_plan(self.layout, binding, request, format=format, **options))
 
     def reasoning_tokens(self, ids: Sequence[int], tokenizer: TokenizerLike, *, thinking: bool | None = None) -> int:
         return layout_codec.reasoning_length(self.layout, self.bind(tokenizer), ids)

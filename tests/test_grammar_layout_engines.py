@@ -1,0 +1,74 @@
+"""The layout dialects' xgrammar grammars (EBNF and structural tag),
+compiled and matched by xgrammar itself in the engines venv
+(``XTML_ENGINES_PYTHON``, one run of tests/helpers/xgrammar_driver.py), on
+the answers of tests/test_grammar_layout.py: each rendered answer the
+request allows is taken id by id to a terminated matcher, each one it does
+not allow is refused before its stop token. Two vocabularies: every token
+of Qwen3's format one id, and the ChatML tokens alone (Qwen3's added
+tokens are then text); the Kimi formats (calls in a section with ids of
+their spelling, Kimi K2 Thinking's reasoning block) over a vocabulary with
+every token of theirs one id. The GBNF grammar goes to a real llama-server in
+tests/test_family_smollm2_engine.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.layout_grammar import ANSWERS, KIMI, QWEN3, TIME, WEATHER, answer_ids, kimi_answers, vocab
+from tests.helpers.need import need
+
+pytestmark = pytest.mark.engines
+
+DRIVER = Path(__file__).parent / "helpers" / "xgrammar_driver.py"
+FORMATS = ("xgrammar", "xgrammar-tag")
+
+
+Answers = list[tuple[dict[str, Any], dict[str, Any], bool]]
+
+
+def _match(tpl: Any, kind: str, answers: Answers) -> tuple[str, list[tuple[str, int, bool, dict[str, Any]]]]:
+    python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
+    v = vocab(kind)
+    grammars: dict[str, int] = {}
+    cases: list[dict[str, Any]] = []
+    keys: list[tuple[str, int, bool]] = []
+    for fmt in FORMATS:
+        for k, (extra, answer, good) in enumerate(answers):
+            request = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER, TIME],
+                       **extra}
+            g = tpl.completion_grammar(request, v, format=fmt)
+            entry = {"structural_tag": g} if fmt == "xgrammar-tag" else {"ebnf": g}
+            index = grammars.setdefault(json.dumps(entry), len(grammars))
+            cases.append({"grammar": index, "ids": answer_ids(tpl, request, answer, v)})
+            keys.append((fmt, k, good))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "tokenizer.json"
+        v.tokenizer.save(str(path))
+        b = tpl.bind(v)
+        job = {"tokenizer": str(path), "special_ids": sorted(v.special_ids()),
+               "stop_ids": list(b.stop_ids), "grammars": [json.loads(g) for g in grammars],
+               "cases": cases}
+        run = subprocess.run([python, "-I", str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
+                             timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    answer = json.loads(run.stdout)
+    return answer["xgrammar"], [(*key, r) for key, r in zip(keys, answer["results"], strict=True)]
+
+
+@pytest.mark.parametrize(("name", "kind"), [("qwen3", "qwen3"), ("qwen3", "chatml"), ("kimi-k2", "kimi-k2"),
+                                           ("kimi-k2-thinking", "kimi-k2-thinking")])
+def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, kind: str) -> None:
+    tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
+    version, results = _match(tpl, kind, answers)
+    wrong = []
+    for fmt, k, good, r in results:
+        taken = r["refused"] is None and r["terminated"]
+        if taken != good:
+            wrong.append((fmt, answers[k][0], answers[k][1], r))
+    assert not wrong, f"xgrammar {version}: {wrong}"

@@ -1,0 +1,311 @@
+"""The plan of a completion for a layout dialect (spec.md §12): what the
+assistant may generate after the generation prompt, read from the dialect's
+data and one request, ready for a writer (:mod:`.layout_writer`) to spell in
+one grammar syntax (:data:`~.plan.FORMATS`).
+
+It is the answer as :func:`~xtml.chat.layout_parse.parse_completion` reads one
+strictly, from the same data: the reasoning block (the two tokens of
+``[reasoning] split``) where the generation prompt leaves it to the model,
+the content, the calls as ``[calls] each`` writes one (its tokens, its
+literal text, the tool's name and its arguments as a JSON object of the
+tool's schema, :mod:`.schema`; an id of ``[calls] id``'s spelling, with the
+call's index where the format generates ids), the section around the calls,
+the separator between calls, and the stop tokens. The request holds it to ``tool_choice`` (``auto``, ``none``,
+``required``, a named function: calls to declared tools only, and with
+``required`` or a name the answer is its calls), ``parallel_tool_calls``
+(false: one call) and ``response_format`` (the content is JSON).
+
+A token of the dialect is referenced as a token where the vocabulary has it
+as one id, and is literal text where the vocabulary spells it as text (a
+vocabulary without the format's added tokens): free text then spells none
+of those, as a parse would read such a spelling as the token.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...chat.fields import tool_function
+from ...chat.layout import EACH, HISTORY, LayoutDialect
+from ...chat.layout_pattern import Builder, Cond, Item, Lit, Slot, Tok
+from ...chat.layout_request import read_request
+from ...errors import OptionError, RequestError, TokenizerError
+from ...vocab.tokens import TokenBinding
+from .plan import FORMATS, MAX_CALLS, deep_schemas_refused
+from .schema import Tool, typed_tool
+
+__all__ = ["LayoutPlan", "layout_plan"]
+
+# A token llguidance can reference by name: `<...>` without spaces or
+# brackets inside.
+_NAMED = re.compile(r"<(?!\[)[^<>\s\[\]]+>\Z")
+
+
+@dataclass
+class LayoutPlan:
+    """What an answer of a layout dialect may hold, for one grammar syntax."""
+
+    d: LayoutDialect
+    format: str
+    reasoning: tuple[str, str] | None
+    """The reasoning block's two tokens, when the answer may open with one."""
+    after_reasoning: bool
+    """The grammar starts where the reasoning ended (newlines may lead)."""
+    call_open: str
+    """The token that opens a call (``""``: the format writes no calls)."""
+    call_rest: tuple[Item, ...]
+    """What follows it in a call: literal text, tokens, the slots ``name``,
+    ``arguments`` and ``id`` (spelled by :attr:`id_items`)."""
+    separator: str
+    """The text between two calls (and before a first one after content)."""
+    tools: list[Tool]
+    calls: str
+    """``no``, ``opt`` (content, then maybe calls) or ``yes`` (calls only)."""
+    max_calls: int | None
+    """None: no bound."""
+    response_schema: Any
+    """The content's JSON schema under ``response_format``, else None."""
+    stops: tuple[str, ...]
+    summary: str
+    section: tuple[str, str] | None = None
+    """The two tokens of the section the calls are written in."""
+    id_items: tuple[Item, ...] = ()
+    """A call id's spelling: literal text and the slots ``name`` and
+    ``index``."""
+    indexed: bool = False
+    """The id spells the call's index in the answer (the format generates
+    ids: the grammar counts the calls); else any numeral (ids the model
+    gives)."""
+    exact: bool = False
+    """The reasoning block is on every answer, as written (no newline
+    around it)."""
+    refs: dict[str, str] = field(default_factory=dict)
+    """Token → how the grammar references it; a token absent here is text."""
+    token_ids: dict[str, int] = field(default_factory=dict)
+    text_tokens: tuple[str, ...] = ()
+    """Tokens this vocabulary spells as text: free text spells none of them."""
+    notes: list[str] = field(default_factory=list)
+    specials: list[int] = field(default_factory=list)
+    """Ids of the vocabulary's special tokens, which free text never is."""
+    text_ids: list[int] = field(default_factory=list)
+    """Kept empty: what the llguidance writer's text admits besides text."""
+
+
+def layout_plan(d: LayoutDialect, binding: TokenBinding | None, request: Any, *, format: str = "llguidance",
+                max_calls: int | None = None, json_fallback: bool = True, token_refs: str = "auto",
+                after_reasoning: bool = False, **options: Any) -> LayoutPlan:
+    """The plan of what the assistant may generate for ``request`` after the
+    generation prompt of layout dialect ``d``. ``json_fallback`` is taken
+    for the XTML engine's signature: a layout format has no json block.
+    Bad requests raise :class:`~xtml.RequestError`; a token the grammar must
+    reference by id without a tokenizer raises :class:`~xtml.TokenizerError`."""
+    if format not in FORMATS:
+        raise OptionError(f"format must be one of {', '.join(FORMATS)}, not {format!r}", option="format")
+    if token_refs not in ("auto", "name", "id"):
+        raise OptionError(f"token_refs must be auto, name or id, not {token_refs!r}", option="token_refs")
+    if max_calls is not None and (type(max_calls) is not int or max_calls < 1):
+        raise OptionError(f"max_calls must be a positive integer, not {max_calls!r}", option="max_calls")
+    parallel = options.pop("parallel_tool_calls",
+                           request.get("parallel_tool_calls") if isinstance(request, Mapping) else None)
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError("parallel_tool_calls must be true or false", location="parallel_tool_calls")
+    with deep_schemas_refused():
+        plan = _plan(d, request, options, max_calls=1 if parallel is False else max_calls,
+                     after_reasoning=after_reasoning, fmt=format)
+        _bind(plan, binding, token_refs)
+        _refuse_spellings(plan)
+    return plan
+
+
+def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_calls: int | None,
+          after_reasoning: bool, fmt: str) -> LayoutPlan:
+    _refuse_unmirrored(d)
+    msgs, resolved, _, opts = read_request(d, request, options)  # the same checks (and errors) as render
+    del msgs
+    notes: list[str] = []
+    # What the generation prompt leaves: a reasoning block it closed is not
+    # the model's to write again; one it did not open the model may open.
+    b = Builder()
+    d.prompt.render({}, {k: v for k, v in resolved.items() if k in d.options}, b)
+    written = [s.text for s in b.finish() if s.special]
+    reasoning: tuple[str, str] | None = None
+    split = d.reasoning_split or d.reasoning_block
+    if d.reasoning == HISTORY and split is not None and not after_reasoning:
+        opened = split[0] in written
+        if opened and split[1] not in written[written.index(split[0]):]:
+            raise OptionError(f"the completion grammar of a generation prompt that leaves the reasoning block open "
+                              f"is not yet available for the layout dialect {d.name!r}", option="tool_choice")
+        if not opened:
+            reasoning = split
+    call_open, call_rest, sep = _call_pattern(d)
+    section = _section(d) if call_open else None
+    indexed = d.call_ids == "generated" and any(isinstance(i, Slot) and i.name == "id" for i in call_rest)
+    if indexed and max_calls is None:
+        max_calls = MAX_CALLS  # each index is spelled out: the count is bounded
+    body = d.roles["assistant"].body if "assistant" in d.roles else None
+    if body is not None and "calls" not in body.slots():
+        call_open = ""
+    declared: dict[str, Any] = {}
+    tools_given = opts.get("tools")
+    if isinstance(tools_given, list | tuple):
+        for t in tools_given:
+            fn = tool_function(t)
+            declared[fn["name"]] = fn
+    choice = opts.get("tool_choice")
+    named: str | None = None
+    if isinstance(choice, Mapping):
+        given = choice.get("function")
+        named = given.get("name") if isinstance(given, Mapping) else choice.get("name")
+        if not isinstance(named, str) or not named:
+            raise OptionError("a named tool_choice needs function.name", option="tool_choice")
+        if named not in declared:
+            raise OptionError(f"tool_choice names {named!r}, which the request does not declare",
+                              option="tool_choice")
+    elif choice not in (None, "auto", "none", "required"):
+        raise OptionError(f"tool_choice must be auto, none, required or a named function, not {choice!r}",
+                          option="tool_choice")
+    must = choice == "required" or named is not None
+    if must and not declared:
+        raise OptionError("tool_choice is required, but the request declares no tools", option="tool_choice")
+    if must and not call_open:
+        raise OptionError(f"the {d.name} format has no tool calls: tool_choice cannot be "
+                          f"{'required' if named is None else 'a named function'}", option="tool_choice")
+    tools: list[Tool] = []
+    if call_open and choice != "none":
+        for name, fn in declared.items():
+            if named is None or name == named:
+                t = typed_tool(name, fn, notes)
+                if t is not None:
+                    tools.append(t)
+    if must and not tools:
+        raise OptionError("no declared tool can be called with its schema", option="tool_choice")
+    calls = "no" if not tools else "yes" if must else "opt"
+    rf = opts.get("response_format")
+    schema: Any = None
+    if isinstance(rf, Mapping) and rf.get("type") in ("json_schema", "json_object"):
+        schema = rf["json_schema"]["schema"] if rf["type"] == "json_schema" else {"type": "object"}
+    choice_text = f"named {named!r}" if named else choice or "auto"
+    opts_text = "".join(f"; {k} {'on' if v else 'off'}" for k, v in resolved.items() if k in d.options)
+    summary = (f"template {d.name}{opts_text}; tools {', '.join(repr(t.name) for t in tools) or 'none'}; "
+               f"tool_choice {choice_text}" + ("; one call at most" if max_calls == 1 else "")
+               + (f"; response_format {rf['type']}" if schema is not None and isinstance(rf, Mapping) else ""))
+    return LayoutPlan(d, fmt, reasoning, after_reasoning, call_open, call_rest, sep, tools, calls, max_calls,
+                      schema, tuple(d.stops), summary, section=section,
+                      id_items=d.call_id.items if d.call_id is not None else (), indexed=indexed,
+                      exact=d.reasoning_block is not None, notes=notes)
+
+
+# What an answer of a layout dialect may hold beyond what this plan mirrors
+# (field → its value when the dialect does not use it): reasoning opened by
+# the prompt, header turns (built-in calls), content cut at a marker.
+_NOT_MIRRORED: dict[str, Any] = {"reasoning_opened": None, "header_turns": None, "content_cut": None}
+# Arguments a parse reads back as the object the grammar writes: as given,
+# or through tojson (a JSON string holding the object is read too).
+_ARGUMENTS = ("as_given", "tojson")
+
+
+def _refuse_unmirrored(d: LayoutDialect) -> None:
+    used = [k for k, unused in _NOT_MIRRORED.items() if getattr(d, k, unused) != unused]
+    if d.arguments not in _ARGUMENTS:
+        used.append(f"arguments {d.arguments}")
+    if d.reasoning_split is not None and d.reasoning_block is not None:
+        used.append("reasoning split out of content and in a block of its own")
+    used += [f"stop {t!r} ({m})" for t, m in d.stops.items() if m != "end"]
+    if used:
+        raise OptionError(f"the completion grammar is not yet available for the layout dialect {d.name!r} (it "
+                          f"writes answers with: {', '.join(used)})", option="tool_choice")
+
+
+def _call_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
+    """The opening token of a call, what follows it, and the separator
+    before a call (a leading ``{?cond}TEXT{/}``), as the parse reads them."""
+    each = d.calls_each
+    if d.calls != EACH or each is None:
+        return "", (), ""
+    items = list(each.items)
+    sep = ""
+    if items and isinstance(items[0], Cond) and all(isinstance(i, Lit) for i in items[0].body):
+        sep = "".join(i.text for i in items[0].body if isinstance(i, Lit))
+        items = items[1:]
+    slots = sorted(i.name for i in items if isinstance(i, Slot))
+    if not items or not isinstance(items[0], Tok) or not isinstance(items[-1], Tok) or \
+            any(isinstance(i, Cond) for i in items) or \
+            slots not in (["arguments", "name"], ["arguments", "id"], ["arguments", "id", "name"]) or \
+            ("id" in slots and not _spelled_ids(d, named="name" in slots)):
+        raise OptionError(f"the completion grammar of the calls of the layout dialect {d.name!r} is not yet "
+                          "available (a call is read between two tokens, with its name, or an id of the "
+                          "format's spelling, and its arguments)", option="tool_choice")
+    first = items[0]
+    assert isinstance(first, Tok)
+    return first.token, tuple(items[1:]), sep
+
+
+def _spelled_ids(d: LayoutDialect, *, named: bool) -> bool:
+    """Whether the grammar can spell a call's id: generated or given, of
+    ``[calls] id``'s spelling (literal text, the name, the index), which
+    holds the name where the call does not write it."""
+    p = d.call_id
+    if d.call_ids not in ("generated", "given") or p is None:
+        return False
+    if any(not isinstance(i, Lit | Slot) or (isinstance(i, Slot) and i.name not in ("name", "index"))
+           for i in p.items):
+        return False
+    return named or "name" in p.slots()
+
+
+def _section(d: LayoutDialect) -> tuple[str, str] | None:
+    """The section's two tokens, as the parse reads them (nothing else in
+    it but the calls)."""
+    p = d.calls_section
+    if p is None:
+        return None
+    items = p.items
+    if len(items) != 3 or not isinstance(items[0], Tok) or not isinstance(items[2], Tok) or \
+            items[1] != Slot("calls"):
+        raise OptionError(f"the completion grammar of the tool-call section of the layout dialect {d.name!r} is "
+                          "not yet available (a section is read between two tokens)", option="tool_choice")
+    return items[0].token, items[2].token
+
+
+def _bind(plan: LayoutPlan, binding: TokenBinding | None, how: str) -> None:
+    """How each token is referenced: by id (or name) where the vocabulary has
+    it as one id, as text where it spells it as text."""
+    d = plan.d
+    if binding is None:
+        for t in d.tokens:
+            if plan.format != "llguidance" or how == "id":
+                raise TokenizerError(f"token {t!r} is referenced by its id here: pass the tokenizer (--tokenizer) "
+                                     f"to {plan.format}")
+            if not _NAMED.match(t):
+                raise TokenizerError(f"token {t!r} cannot be referenced by name in llguidance's syntax; pass the "
+                                     "tokenizer")
+            plan.refs[t] = t
+        return
+    plan.text_tokens = tuple(binding.text_tokens)
+    plan.token_ids = dict(binding.token_ids)
+    for t, i in binding.token_ids.items():
+        if plan.format == "llguidance":
+            if how == "name" and not _NAMED.match(t):
+                raise TokenizerError(f"token {t!r} cannot be referenced by name in llguidance's syntax; use "
+                                     "token_refs='id'")
+            plan.refs[t] = t if how == "name" else f"<[{i}]>"
+        elif plan.format == "gbnf":
+            plan.refs[t] = f"<[{i}]>"
+        else:
+            plan.refs[t] = f"Token({i})"
+    plan.specials = sorted(binding.vocab.special_ids() | set(binding.token_ids.values()))
+
+
+def _refuse_spellings(plan: LayoutPlan) -> None:
+    """A tool name that spells a token the vocabulary spells as text: the
+    grammar would write it, and a parse would read the token there."""
+    if not plan.text_tokens:
+        return
+    for t in plan.tools:
+        for tok in plan.text_tokens:
+            if tok in t.name:
+                raise RequestError(f"tool name {t.name!r} spells {tok!r}, which this vocabulary writes as text: a "
+                                   "parse would read the token there", location="tools")
