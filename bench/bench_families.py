@@ -136,6 +136,13 @@ SHAPES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
 ]
 
 
+SPECIAL_TOKENS = {"llama-3.1": {"bos_token": "<|begin_of_text|>"},
+                  "deepseek-v3.1": {"bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>"}}
+"""The special tokens a model's tokenizer_config.json gives its template
+(``{{ bos_token }}``), which transformers passes from the tokenizer: the
+one built here from the GGUF has none of its own."""
+
+
 class Dialect:
     """A dialect, its vocabulary, transformers' tokenizer over the same one
     and its official template."""
@@ -163,7 +170,7 @@ class Dialect:
         assert self.official is not None
         out: Any = self.hf.apply_chat_template(req["messages"], tools=req.get("tools"),
                                                chat_template=self.official, tokenize=True,
-                                               add_generation_prompt=True)
+                                               add_generation_prompt=True, **SPECIAL_TOKENS.get(self.name, {}))
         # A BatchEncoding, as transformers 5 returns; a list before.
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return list(ids)
@@ -171,7 +178,8 @@ class Dialect:
     def hf_text(self, req: dict[str, Any]) -> str:
         assert self.official is not None
         out = self.hf.apply_chat_template(req["messages"], tools=req.get("tools"), chat_template=self.official,
-                                          tokenize=False, add_generation_prompt=True)
+                                          tokenize=False, add_generation_prompt=True,
+                                          **SPECIAL_TOKENS.get(self.name, {}))
         assert isinstance(out, str)
         return out
 
