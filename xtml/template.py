@@ -558,15 +558,20 @@ class LayoutTemplate(Template):
             raise OptionError("max_chars must be a non-negative integer or None", option="max_chars")
         return {"limit": limit}
 
-    def _render(self, request: Any, options: dict[str, Any]) -> Any:
-        from .chat.layout_engine import render as layout_render
-
+    def _measured(self, request: Any, options: dict[str, Any]) -> None:
+        """Refuses a request over ``max_chars`` (the option, else the
+        template's), before anything reads it."""
         limit = self._options(options)["limit"]
         if limit is not None:
             size = request_size(request, limit)
             if size > limit:
                 raise RequestError(f"the request is too large: at least {size:,} characters, more than "
                                    f"max_chars={limit:,}")
+
+    def _render(self, request: Any, options: dict[str, Any]) -> Any:
+        from .chat.layout_engine import render as layout_render
+
+        self._measured(request, options)
         return layout_render(self.layout, request, options)
 
     def document(self, request: Any, **options: Any) -> Document:
@@ -641,9 +646,7 @@ class LayoutTemplate(Template):
         from .codec.completion.layout_plan import layout_plan
         from .codec.completion.layout_writer import write
 
-        limit = self._options(options)["limit"]
-        if limit is not None and request_size(request, limit) > limit:
-            raise RequestError(f"the request is too large: more than max_chars={limit:,}")
+        self._measured(request, options)
         binding = self.bind(tokenizer) if tokenizer is not None else None
         return write(layout_plan(self.layout, binding, request, format=format, **options))
 

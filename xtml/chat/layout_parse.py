@@ -188,10 +188,7 @@ def _parse_rich(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
         if m is not None:
             if m.group("system") is not None:
                 messages.append({"role": "system", "content": m.group("system")})
-            try:
-                result["tools"] = [jsonfmt.read(line) for line in m.group("tools").split("\n")[1:]]
-            except ValueError:
-                raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
+            result["tools"] = declared_tools(m, lx, per_line=True)
             pos = m.end()
     conds = dict(d.options)
     agp = False
@@ -302,10 +299,7 @@ def _parse_turns(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
     if t.tools is not None:
         m = t.tools.match(s)
         if m is not None:
-            try:
-                result["tools"] = jsonfmt.read(m.group("tools"))
-            except ValueError:
-                raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
+            result["tools"] = declared_tools(m, lx, per_line=False)
             pos = m.end()
     conds = dict(d.options)
     agp = False
@@ -616,6 +610,18 @@ def _text(r: _Repairs, s: str, base: int) -> str:
         pos = t.end()
     out.append(s[pos:])
     return "".join(out)
+
+
+def declared_tools(m: re.Match[str], lx: Lexed, *, per_line: bool) -> Any:
+    """The tools a prompt declares, from the match's ``tools`` group: one
+    JSON value a line after the first (``per_line``) or one JSON list; a
+    declaration that is not JSON (or nested past Python's reader) is a
+    ParseError at it."""
+    text = m.group("tools")
+    try:
+        return [jsonfmt.read(line) for line in text.split("\n")[1:]] if per_line else jsonfmt.read(text)
+    except ValueError:
+        raise ParseError("a tool declaration that is not JSON", offset=lx.offset(m.start("tools"))) from None
 
 
 def first_of(s: str, chars: Iterable[str], start: int = 0) -> int:
