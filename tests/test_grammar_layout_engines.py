@@ -7,7 +7,9 @@ not allow is refused before its stop token. Two vocabularies: every token
 of Qwen3's format one id, and the ChatML tokens alone (Qwen3's added
 tokens are then text); the Kimi formats (calls in a section with ids of
 their spelling, Kimi K2 Thinking's reasoning block) over a vocabulary with
-every token of theirs one id. The GBNF grammar goes to a real llama-server in
+every token of theirs one id; Llama 3.1 and DeepSeek V3.1 on the answers
+of tests/test_grammar_bare.py, over vocabularies with every token of
+theirs one id. The GBNF grammar goes to a real llama-server in
 tests/test_family_smollm2_engine.py."""
 
 from __future__ import annotations
@@ -20,7 +22,18 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.layout_grammar import ANSWERS, KIMI, QWEN3, TIME, WEATHER, answer_ids, kimi_answers, vocab
+from tests.helpers.layout_grammar import (
+    ANSWERS,
+    BARE,
+    BARE_ANSWERS,
+    KIMI,
+    QWEN3,
+    answer_ids,
+    bare_request,
+    kimi_answers,
+    token_ids,
+    vocab,
+)
 from tests.helpers.need import need
 
 pytestmark = pytest.mark.engines
@@ -32,7 +45,10 @@ FORMATS = ("xgrammar", "xgrammar-tag")
 Answers = list[tuple[dict[str, Any], dict[str, Any], bool]]
 
 
-def _match(tpl: Any, kind: str, answers: Answers) -> tuple[str, list[tuple[str, int, bool, dict[str, Any]]]]:
+def _match(tpl: Any, kind: str, answers: Answers | list[tuple[dict[str, Any], str, bool]]) -> tuple[
+        str, list[tuple[str, int, bool, dict[str, Any]]]]:
+    """Each answer (a message, or text with the format's tokens spelled)
+    matched by xgrammar under the grammar of its request, in each format."""
     python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
     v = vocab(kind)
     grammars: dict[str, int] = {}
@@ -40,12 +56,12 @@ def _match(tpl: Any, kind: str, answers: Answers) -> tuple[str, list[tuple[str, 
     keys: list[tuple[str, int, bool]] = []
     for fmt in FORMATS:
         for k, (extra, answer, good) in enumerate(answers):
-            request = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER, TIME],
-                       **extra}
+            request = bare_request(extra)
             g = tpl.completion_grammar(request, v, format=fmt)
             entry = {"structural_tag": g} if fmt == "xgrammar-tag" else {"ebnf": g}
             index = grammars.setdefault(json.dumps(entry), len(grammars))
-            cases.append({"grammar": index, "ids": answer_ids(tpl, request, answer, v)})
+            ids = token_ids(tpl, v, answer) if isinstance(answer, str) else answer_ids(tpl, request, answer, v)
+            cases.append({"grammar": index, "ids": ids})
             keys.append((fmt, k, good))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "tokenizer.json"
@@ -62,9 +78,17 @@ def _match(tpl: Any, kind: str, answers: Answers) -> tuple[str, list[tuple[str, 
 
 
 @pytest.mark.parametrize(("name", "kind"), [("qwen3", "qwen3"), ("qwen3", "chatml"), ("kimi-k2", "kimi-k2"),
-                                           ("kimi-k2-thinking", "kimi-k2-thinking")])
+                                           ("kimi-k2-thinking", "kimi-k2-thinking"), ("llama-3.1", "llama-3.1"),
+                                           ("deepseek-v3.1", "deepseek-v3.1")])
 def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, kind: str) -> None:
-    tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
+    answers: Any
+    if name in BARE:
+        # xgrammar ends where the engine's stop ids come (all of the
+        # format's stops): content that ends with <|eom_id|>, which only the
+        # llguidance grammar, holding the stop itself, refuses, is left out.
+        tpl, answers = BARE[name], [a for a in BARE_ANSWERS[name] if a[1] != "It is sunny.<|eom_id|>"]
+    else:
+        tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
     version, results = _match(tpl, kind, answers)
     wrong = []
     for fmt, k, good, r in results:

@@ -13,15 +13,42 @@ import llguidance
 
 import xtml
 from tests.helpers.families import smollm2_gguf
+from tests.helpers.tokenizers import deepseek_path
 from xtml.vocab.vocabulary import byte_vocabulary
 
-__all__ = ["ANSWER", "ANSWERS", "BUDGET", "KIMI", "MAX_STEPS", "QWEN3", "SMOLLM2", "TIME", "WEATHER", "answer_ids",
-           "enders", "kimi_answers", "lltok", "numerals", "takes", "texts", "vocab"]
+__all__ = [
+    "AFTER_TOOL",
+    "ANSWER",
+    "ANSWERS",
+    "BARE",
+    "BARE_ANSWERS",
+    "BUDGET",
+    "KIMI",
+    "MAX_STEPS",
+    "QWEN3",
+    "SMOLLM2",
+    "STOP",
+    "TIME",
+    "WEATHER",
+    "answer_ids",
+    "bare_request",
+    "enders",
+    "kimi_answers",
+    "lltok",
+    "numerals",
+    "takes",
+    "texts",
+    "token_ids",
+    "vocab",
+]
 
 QWEN3: Any = xtml.load("qwen3")
 SMOLLM2: Any = xtml.load("smollm2")
 KIMI: dict[str, Any] = {name: xtml.load(name) for name in ("kimi-k2", "kimi-k2-thinking")}
 """The formats with calls in a section and ids of their own spelling."""
+BARE: dict[str, Any] = {name: xtml.load(name) for name in ("llama-3.1", "deepseek-v3.1")}
+"""Llama 3.1 (bare JSON calls, built-in calls, a stop that waits for
+results) and DeepSeek V3.1 (reasoning the prompt opens, string arguments)."""
 BUDGET = 120
 """Steps a walk takes at random before it prefers ending tokens."""
 MAX_STEPS = 3000
@@ -37,15 +64,23 @@ def vocab(kind: str) -> xtml.Vocabulary:
     format one id."""
     if kind == "gguf":
         return xtml.load_tokenizer(smollm2_gguf())
+    if kind == "deepseek":
+        return xtml.load_tokenizer(deepseek_path())
     if kind in KIMI:
         return byte_vocabulary(KIMI[kind].layout.tokens)
+    if kind in BARE:
+        return byte_vocabulary(BARE[kind].layout.tokens)
     return byte_vocabulary(QWEN3.layout.tokens if kind == "qwen3" else SMOLLM2.layout.tokens)
+
+
+STOP = {"llama-3.1": "<|eot_id|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>", "deepseek": "<｜end▁of▁sentence｜>"}
+"""The end-of-answer token of a vocabulary kind (ChatML's, but where named)."""
 
 
 @cache
 def lltok(kind: str) -> llguidance.LLTokenizer:
     v = vocab(kind)
-    return llguidance.LLTokenizer(v.tokenizer.to_str(), eos_token=v.special_id("<|im_end|>"))
+    return llguidance.LLTokenizer(v.tokenizer.to_str(), eos_token=v.special_id(STOP.get(kind, "<|im_end|>")))
 
 
 @cache
@@ -163,3 +198,82 @@ def takes(grammar: str, kind: str, ids: list[int]) -> bool:
     m = llguidance.LLMatcher(lltok(kind), grammar, log_level=0)
     assert not m.is_error(), m.get_error()
     return m.try_consume_tokens(ids) == len(ids) and (m.is_accepting() or m.is_stopped())
+
+
+def token_ids(tpl: Any, v: xtml.Vocabulary, text: str) -> list[int]:
+    """``text`` with each token of the format spelled in it as its id."""
+    ids = tpl.bind(v).token_ids
+    out: list[int] = []
+    pos = 0
+    for m in tpl.layout.finder().finditer(text):
+        out += v.ids_of([text[pos:m.start()]])[0] if m.start() > pos else []
+        out.append(ids[m.group()])
+        pos = m.end()
+    return out + (v.ids_of([text[pos:]])[0] if pos < len(text) else [])
+
+
+_EOS = "<｜end▁of▁sentence｜>"
+_SECTION = "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"
+_PARIS_DS = '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 3}<｜tool▁call▁end｜>'
+_NOW_DS = "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+AFTER_TOOL = [{"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": "", "tool_calls": [
+                  {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "content": "sunny"}]
+_RF = {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}}
+# (request options, the answer as text with the format's tokens spelled,
+# whether the grammar takes it), after a user's question with WEATHER and
+# TIME declared.
+BARE_ANSWERS: dict[str, list[tuple[dict[str, Any], str, bool]]] = {
+    "llama-3.1": [
+        ({}, "It is sunny.<|eot_id|>", True),
+        # A stop that waits for tool results ends calls only.
+        ({}, "It is sunny.<|eom_id|>", False),
+        ({}, '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}<|eom_id|>', True),
+        ({}, '{"name": "get_time", "parameters": {}}<|eot_id|>', True),
+        ({}, '{"name": "get_time", "parameters": {}}\n<|eom_id|>', False),
+        ({}, '{"name": "search", "parameters": {}}<|eom_id|>', False),
+        ({}, '{"name": "get_weather", "parameters": {"town": "Paris"}}<|eom_id|>', False),
+        # Text that a parse would read as a call.
+        ({"tool_choice": "none"}, '{"name": "get_time", "parameters": {}}<|eot_id|>', False),
+        ({"tool_choice": "none"}, 'Say {"name": "get_time", "parameters": {}}<|eot_id|>', False),
+        ({}, ' {"a": 1}\n<|eot_id|>', False),
+        ({"tool_choice": "required"}, "It is sunny.<|eot_id|>", False),
+        ({"tool_choice": "required"}, '{"name": "get_time", "parameters": {}}<|eot_id|>', True),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+         '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eom_id|>', False),
+        ({"builtin_tools": ["brave_search"]}, '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>',
+         True),
+        ({"builtin_tools": ["brave_search", "wolfram_alpha"]}, "<|python_tag|>wolfram_alpha.call()<|eom_id|>", True),
+        ({}, '<|python_tag|>brave_search.call(query="x")<|eom_id|>', False),
+        ({"builtin_tools": ["brave_search"]}, '<|python_tag|>brave_search.call(query="a", n="2")<|eom_id|>', False),
+        ({"builtin_tools": ["brave_search"], "tool_choice": "none"},
+         '<|python_tag|>brave_search.call(query="x")<|eom_id|>', False),
+        (_RF, '{"answer": "sunny", "score": 0.5}<|eot_id|>', True),
+        (_RF, '{"score": 0.5}<|eot_id|>', False),
+    ],
+    "deepseek-v3.1": [
+        ({"thinking": True}, f"The user asks.</think>It is sunny.{_EOS}", True),
+        # The prompt opened the block: the answer closes it.
+        ({"thinking": True}, f"It is sunny.{_EOS}", False),
+        ({}, f"It is sunny.{_EOS}", True),
+        ({}, f"Hm.</think>It is sunny.{_EOS}", False),
+        ({}, _SECTION.format(_PARIS_DS) + _EOS, True),
+        ({}, "Let me look." + _SECTION.format(_PARIS_DS + _NOW_DS) + _EOS, True),
+        ({"parallel_tool_calls": False}, _SECTION.format(_PARIS_DS + _NOW_DS) + _EOS, False),
+        ({"tool_choice": "required"}, "Let me look." + _SECTION.format(_PARIS_DS) + _EOS, False),
+        ({"tool_choice": "required", "thinking": True}, "Call it.</think>" + _SECTION.format(_NOW_DS) + _EOS, True),
+        ({"tool_choice": "none"}, _SECTION.format(_NOW_DS) + _EOS, False),
+        ({}, _SECTION.format(_NOW_DS.replace("get_time", "search")) + _EOS, False),
+        ({}, _SECTION.format(_PARIS_DS) + "Done." + _EOS, False),
+        # After a tool result the format writes no prompt: no block.
+        ({"messages": AFTER_TOOL, "thinking": True}, f"It is sunny.{_EOS}", True),
+        ({"messages": AFTER_TOOL, "thinking": True}, f"Sunny.</think>It is sunny.{_EOS}", False),
+        (_RF, '{"answer": "sunny", "score": 0.5}' + _EOS, True),
+        (_RF, "sunny" + _EOS, False),
+    ],
+}
+
+
+def bare_request(extra: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER, TIME], **extra}

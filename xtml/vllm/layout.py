@@ -92,6 +92,23 @@ class _LayoutSetup:
 _LAYOUT_SETUPS: weakref.WeakKeyDictionary[Any, _LayoutSetup] = weakref.WeakKeyDictionary()
 
 
+def _skeleton(request: Any) -> list[dict[str, Any]]:
+    """Messages that end as the request's do, for a format whose generation
+    prompt depends on the last message (DeepSeek opens no reasoning block
+    after a tool result): the grammar reads only which role came last, and
+    the request's own messages may hold what the grammar need not read."""
+    roles = [m.get("role") for m in getattr(request, "messages", None) or () if isinstance(m, dict)]
+    last = next((r for r in reversed(roles) if r != "system"), "user")
+    out: list[dict[str, Any]] = [{"role": "user", "content": ""}]
+    if last == "tool":
+        out += [{"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_0", "type": "function", "function": {"name": "tool", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_0", "content": ""}]
+    elif last == "assistant":
+        out.append({"role": "assistant", "content": ""})
+    return out
+
+
 def _layout_setup(tokenizer: Any) -> _LayoutSetup:
     tpl = template()
     if not isinstance(tpl, LayoutTemplate):
@@ -236,7 +253,8 @@ class XtmlLayoutToolParser(ToolParser):
             # among them) and the format reads at least one message.
             given = getattr(request, "chat_template_kwargs", None) or {}
             body.update({k: v for k, v in given.items() if k in self.x.tpl.layout.options})
-            body["messages"] = [{"role": "user", "content": ""}]
+            body["messages"] = _skeleton(request) if self.x.tpl.layout.message_conds else \
+                [{"role": "user", "content": ""}]
             tag = self.x.tpl.completion_grammar(body, self.x.vocab, format="xgrammar-tag")
             request.structured_outputs = StructuredOutputsParams(structural_tag=tag)
         return request

@@ -77,6 +77,7 @@ class _Gbnf(_Ebnf):
             setattr(self, attr, f"<[{_marker_id(plan, key, 'gbnf')}]>")
         self.markers = sorted({m for m in plan.d.markers.all() if m})
         self.safe_done: dict[tuple[str, tuple[str, ...], bool], str] = {}
+        self.safe_start: dict[str, tuple[list[tuple[str, str]], str]] = {}
 
     def spell(self, name: str, body: str) -> str:
         return f"{_names(name)} ::= {_names(body)}"
@@ -128,6 +129,11 @@ class _Gbnf(_Ebnf):
             self.rule(f"{name}-s{k}", '"" | ' + " | ".join(alts))
             if k == 0:
                 self.rule(f"{name}-1", " | ".join(alts))
+                # Where the text starts: for rules that keep some first
+                # characters out (the characters that step somewhere, with
+                # the step, and the class of the others).
+                self.safe_start[name] = ([(ch, f"{self.lit(ch)} {name}-s{index[nxt]}") for ch in own
+                                          if (nxt := step(p, ch)) is not None], cls)
         self.rule(f"{name}-0", f"{name}-s0")
         return f"{name}-0"
 

@@ -23,6 +23,7 @@ of those, as a parse would read such a spelling as the token.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,6 +93,23 @@ class LayoutPlan:
     """Ids of the vocabulary's special tokens, which free text never is."""
     text_ids: list[int] = field(default_factory=list)
     """Kept empty: what the llguidance writer's text admits besides text."""
+    opened: str = ""
+    """The token that closes a reasoning block the generation prompt opened:
+    the answer is reasoning up to it, then the rest."""
+    bare: bool = False
+    """A call is bare text (:attr:`call_rest` from its first character) and
+    is the whole answer; free text never reads as one (:attr:`guards`)."""
+    builtin: tuple[str, ...] = ()
+    """The built-in tools a bare format's answer may call, each as
+    ``[calls] builtin`` writes a call (:attr:`builtin_items`), with at most
+    one argument of ``builtin_argument``'s spelling."""
+    builtin_items: tuple[Item, ...] = ()
+    argument_items: tuple[Item, ...] = ()
+    end_stops: tuple[str, ...] = ()
+    """The stop tokens that end an answer of content (the others, meaning
+    a call waits for its results, end calls only)."""
+    guards: tuple[str, ...] = ()
+    """Spellings free text never holds: a parse would read a call there."""
 
 
 def layout_plan(d: LayoutDialect, binding: TokenBinding | None, request: Any, *, format: str = "llguidance",
@@ -124,30 +142,41 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
           after_reasoning: bool, fmt: str) -> LayoutPlan:
     _refuse_unmirrored(d)
     msgs, resolved, _, opts = read_request(d, request, options)  # the same checks (and errors) as render
-    del msgs
     notes: list[str] = []
     # What the generation prompt leaves: a reasoning block it closed is not
     # the model's to write again; one it did not open the model may open.
+    # The prompt is the one render writes after this request's last message.
+    conds = {k: v for k, v in resolved.items() if k in d.options}
+    if d.message_conds:
+        prev = next((m.role for m in reversed(msgs) if m.role != "system"), "")
+        conds.update(after_user=prev == "user", after_tool=prev == "tool")
     b = Builder()
-    d.prompt.render({}, {k: v for k, v in resolved.items() if k in d.options}, b)
+    d.prompt.render({}, conds, b)
     written = [s.text for s in b.finish() if s.special]
+    opened = ""
+    if d.reasoning_opened is not None and not after_reasoning:
+        o, c = d.reasoning_opened
+        if o in written and c not in written[written.index(o):]:
+            opened = c
     reasoning: tuple[str, str] | None = None
     split = d.reasoning_split or d.reasoning_block
     if d.reasoning == HISTORY and split is not None and not after_reasoning:
-        opened = split[0] in written
-        if opened and split[1] not in written[written.index(split[0]):]:
+        in_prompt = split[0] in written
+        if in_prompt and split[1] not in written[written.index(split[0]):]:
             raise OptionError(f"the completion grammar of a generation prompt that leaves the reasoning block open "
                               f"is not yet available for the layout dialect {d.name!r}", option="tool_choice")
-        if not opened:
+        if not in_prompt:
             reasoning = split
-    call_open, call_rest, sep = _call_pattern(d)
+    bare = d.header_turns is not None
+    call_open, call_rest, sep = _bare_pattern(d) if bare else _call_pattern(d)
     section = _section(d) if call_open else None
     indexed = d.call_ids == "generated" and any(isinstance(i, Slot) and i.name == "id" for i in call_rest)
     if indexed and max_calls is None:
         max_calls = MAX_CALLS  # each index is spelled out: the count is bounded
     body = d.roles["assistant"].body if "assistant" in d.roles else None
-    if body is not None and "calls" not in body.slots():
-        call_open = ""
+    callable_ = bool(call_open) or bool(bare and call_rest)
+    if body is not None and "calls" not in body.slots() and not bare:
+        call_open, callable_ = "", False
     declared: dict[str, Any] = {}
     tools_given = opts.get("tools")
     if isinstance(tools_given, list | tuple):
@@ -170,11 +199,11 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
     must = choice == "required" or named is not None
     if must and not declared:
         raise OptionError("tool_choice is required, but the request declares no tools", option="tool_choice")
-    if must and not call_open:
+    if must and not callable_:
         raise OptionError(f"the {d.name} format has no tool calls: tool_choice cannot be "
                           f"{'required' if named is None else 'a named function'}", option="tool_choice")
     tools: list[Tool] = []
-    if call_open and choice != "none":
+    if callable_ and choice != "none":
         for name, fn in declared.items():
             if named is None or name == named:
                 t = typed_tool(name, fn, notes)
@@ -182,38 +211,51 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
                     tools.append(t)
     if must and not tools:
         raise OptionError("no declared tool can be called with its schema", option="tool_choice")
-    calls = "no" if not tools else "yes" if must else "opt"
+    builtin = _builtin_names(d, resolved, opts, notes) if bare and choice in (None, "auto") else ()
+    calls = "no" if not tools and not builtin else "yes" if must else "opt"
     rf = opts.get("response_format")
     schema: Any = None
     if isinstance(rf, Mapping) and rf.get("type") in ("json_schema", "json_object"):
         schema = rf["json_schema"]["schema"] if rf["type"] == "json_schema" else {"type": "object"}
+        if bare and may_spell_call(schema):
+            raise OptionError(f"the {d.name} format reads a JSON object of the keys 'name' and 'parameters' as a "
+                              "tool call: a response_format whose JSON may hold one cannot be held (give its "
+                              "objects properties without both keys and additionalProperties false)",
+                              option="response_format")
     choice_text = f"named {named!r}" if named else choice or "auto"
     opts_text = "".join(f"; {k} {'on' if v else 'off'}" for k, v in resolved.items() if k in d.options)
     summary = (f"template {d.name}{opts_text}; tools {', '.join(repr(t.name) for t in tools) or 'none'}; "
                f"tool_choice {choice_text}" + ("; one call at most" if max_calls == 1 else "")
                + (f"; response_format {rf['type']}" if schema is not None and isinstance(rf, Mapping) else ""))
+    if bare and max_calls is None and d.header_turns is not None and d.header_turns.calls.max:
+        max_calls = d.header_turns.calls.max
     return LayoutPlan(d, fmt, reasoning, after_reasoning, call_open, call_rest, sep, tools, calls, max_calls,
                       schema, tuple(d.stops), summary, section=section,
                       id_items=d.call_id.items if d.call_id is not None else (), indexed=indexed,
-                      exact=d.reasoning_block is not None, notes=notes)
+                      exact=d.reasoning_block is not None or d.reasoning_opened is not None, notes=notes,
+                      opened=opened, bare=bare, builtin=builtin, **_builtin_pattern(d),
+                      end_stops=tuple(t for t, m in d.stops.items() if m == "end"),
+                      guards=_guards(call_rest) if bare else ())
 
 
-# What an answer of a layout dialect may hold beyond what this plan mirrors
-# (field → its value when the dialect does not use it): reasoning opened by
-# the prompt, header turns (built-in calls), content cut at a marker.
-_NOT_MIRRORED: dict[str, Any] = {"reasoning_opened": None, "header_turns": None, "content_cut": None}
 # Arguments a parse reads back as the object the grammar writes: as given,
-# or through tojson (a JSON string holding the object is read too).
-_ARGUMENTS = ("as_given", "tojson")
+# through tojson (a JSON string holding the object is read too), or as the
+# text given (which a completion's parse reads as a JSON object).
+_ARGUMENTS = ("as_given", "tojson", "string")
+# A content cut (``[content] cut``) is a policy of history, not of answers:
+# an answer's text spells none of the format's tokens, so holds no cut.
 
 
 def _refuse_unmirrored(d: LayoutDialect) -> None:
-    used = [k for k, unused in _NOT_MIRRORED.items() if getattr(d, k, unused) != unused]
+    used: list[str] = []
     if d.arguments not in _ARGUMENTS:
         used.append(f"arguments {d.arguments}")
     if d.reasoning_split is not None and d.reasoning_block is not None:
         used.append("reasoning split out of content and in a block of its own")
-    used += [f"stop {t!r} ({m})" for t, m in d.stops.items() if m != "end"]
+    if d.header_turns is None:
+        # Stops that mean a call waits for its results end calls of a bare
+        # format only (the others end every answer with the same token).
+        used += [f"stop {t!r} ({m})" for t, m in d.stops.items() if m != "end"]
     if used:
         raise OptionError(f"the completion grammar is not yet available for the layout dialect {d.name!r} (it "
                           f"writes answers with: {', '.join(used)})", option="tool_choice")
@@ -241,6 +283,109 @@ def _call_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
     first = items[0]
     assert isinstance(first, Tok)
     return first.token, tuple(items[1:]), sep
+
+
+def _bare_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
+    """A bare call, as the parse of a format of header turns reads one: the
+    whole answer, from literal text to literal text, its name and its
+    arguments (a JSON object) in between."""
+    each = d.calls_each
+    if each is None:
+        return "", (), ""
+    items = each.items
+    if not items or not isinstance(items[0], Lit) or not isinstance(items[-1], Lit) or \
+            any(not isinstance(i, Lit | Slot) for i in items) or \
+            sorted(i.name for i in items if isinstance(i, Slot)) != ["arguments", "name"]:
+        raise OptionError(f"the completion grammar of the calls of the layout dialect {d.name!r} is not yet "
+                          "available (a bare call is read from literal text to literal text, with its name and "
+                          "its arguments)", option="tool_choice")
+    return "", tuple(items), ""
+
+
+def _guards(items: tuple[Item, ...]) -> tuple[str, ...]:
+    """What free text never spells: the literal text a bare call opens
+    with, which a parse takes for a call wherever a call then runs to the
+    end of the answer."""
+    first = items[0] if items else None
+    return (first.text,) if isinstance(first, Lit) else ()
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _builtin_names(d: LayoutDialect, resolved: Mapping[str, Any], opts: Mapping[str, Any],
+                   notes: list[str]) -> tuple[str, ...]:
+    """The built-in tools the request turns on (``[calls] builtin_when``):
+    names a parse reads back whole (identifiers)."""
+    t = d.header_turns
+    if t is None or t.calls.builtin is None:
+        return ()
+    given = opts.get(t.calls.builtin_when, resolved.get(t.calls.builtin_when))
+    if not isinstance(given, list | tuple):
+        return ()
+    names = []
+    for n in given:
+        if isinstance(n, str) and _IDENT.match(n):
+            names.append(n)
+        else:
+            notes.append(f"the built-in tool {n!r} is not a name a call can spell: it is left out")
+    return tuple(dict.fromkeys(names))
+
+
+def _builtin_pattern(d: LayoutDialect) -> dict[str, Any]:
+    t = d.header_turns
+    if t is None or t.calls.builtin is None or t.calls.builtin_argument is None:
+        return {}
+    return {"builtin_items": t.calls.builtin.items, "argument_items": t.calls.builtin_argument.items}
+
+
+def may_spell_call(schema: Any) -> bool:
+    """Whether JSON of ``schema`` may hold an object with the keys ``name``
+    and ``parameters`` (which a format of bare JSON calls reads as a call):
+    false only where every object the schema describes is closed
+    (``additionalProperties`` false) without both keys, and no fixed value
+    holds a ``name`` key. Any node of the document may be a reference's
+    target, so each is read."""
+    found = False
+
+    def walk(s: Any) -> None:
+        nonlocal found
+        if found:
+            return
+        if not isinstance(s, Mapping):
+            if isinstance(s, list):
+                for x in s:
+                    walk(x)
+            elif s is not False:
+                found = True  # true, or something that is not a schema: any value
+            return
+        fixed = [s["const"]] if "const" in s else list(s["enum"]) if isinstance(s.get("enum"), list) else None
+        if fixed is not None:
+            found = '"name"' in json.dumps(fixed)
+            return
+        ref = s.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+            found = True  # not of this document: any value
+            return
+        t = s.get("type")
+        combined = any(k in s for k in ("$ref", "anyOf", "oneOf", "allOf"))
+        objects = t == "object" or (isinstance(t, list) and "object" in t) or (t is None and not combined)
+        given = s.get("properties")
+        props: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        if objects and (s.get("additionalProperties") is not False or s.get("patternProperties")
+                        or ("name" in props and "parameters" in props)):
+            found = True
+            return
+        for k, v in s.items():
+            if k in ("properties", "$defs", "definitions"):
+                if isinstance(v, Mapping):
+                    for x in v.values():
+                        walk(x)
+            elif k in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "additionalProperties", "not"):
+                walk(v)
+
+    walk(schema)
+    return found
 
 
 def _spelled_ids(d: LayoutDialect, *, named: bool) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...chat.layout_pattern import Lit, Slot, Tok
-from .gbnf import _ENTITIES, _Gbnf
+from .gbnf import _ENTITIES, _class_char, _Gbnf
 from .layout_plan import LayoutPlan
 from .llguidance import _JSON_STRING, _Lark
 from .plan import deep_schemas_refused
@@ -108,8 +108,15 @@ class _Layout:
     def structure(self) -> str:
         """The start rule's body; the rules it uses are defined."""
         p = self.lp
+        if p.bare:
+            return self.bare_answer()
         answer = self.answer()
-        if p.reasoning is not None:
+        if p.opened:
+            # The prompt opened the block: reasoning up to its close, then
+            # the answer, as written.
+            self.rule("reasoning", self.text_then(p.opened))
+            body = f"reasoning {answer}"
+        elif p.reasoning is not None:
             o, c = p.reasoning
             self.rule("reasoning", f"{self.tok(o)} {self.text_then(c)}")
             if p.exact:
@@ -142,6 +149,70 @@ class _Layout:
             return f"({content} calls? | {self.tok(first)} {rest})"
         self.rule("calls", f"{self.text_then(first)} {rest}")
         return f"(calls | {content})"
+
+    def bare_answer(self) -> str:
+        """An answer of a format of bare calls: content (free text that
+        never reads as a call, or JSON), or one call as the whole answer
+        (to a declared tool, or to a built-in one after its token); content
+        ends with a stop token that ends answers, a call with any."""
+        p = self.lp
+        ends = " | ".join(self.tok(t) for t in p.end_stops)
+        anys = " | ".join(self.tok(t) for t in p.stops)
+        content = self.json_answer() if p.response_schema is not None else self.text_opt()
+        alts = [] if p.calls == "yes" else [f"{content} ({ends})?"]
+        calls = []
+        if p.tools:
+            self.call_rules()
+            calls.append("call")
+        if p.builtin:
+            calls.append(self.builtin_rule())
+        if calls:
+            alts.append(f"({' | '.join(calls)}) ({anys})?")
+        return alts[0] if len(alts) == 1 else "(" + ") | (".join(alts) + ")"
+
+    def builtin_rule(self) -> str:
+        """A call to a built-in tool: its pattern, with at most one argument
+        (a parse reads keys once each) whose value holds no quote."""
+        p = self.lp
+        arg = ""
+        for item in p.argument_items:
+            if isinstance(item, Lit):
+                arg += f" {self.lit(item.text)}"
+            elif isinstance(item, Slot) and item.name == "key":
+                arg += f" {self.builtin_key()}"
+            else:
+                arg += f" {self.builtin_value()}"
+        alts = []
+        for name in p.builtin:
+            parts: list[str] = []
+            text = ""
+            for item in p.builtin_items:
+                if isinstance(item, Lit):
+                    text += item.text
+                elif isinstance(item, Slot) and item.name == "name":
+                    text += name
+                else:
+                    if text:
+                        parts.append(self.lit(text))
+                        text = ""
+                    if isinstance(item, Tok):
+                        parts.append(self.tok(item.token))
+                    elif arg:
+                        parts.append(f"({arg.strip()})?")
+            if text:
+                parts.append(self.lit(text))
+            alts.append(" ".join(parts))
+        self.rule("builtin", alts[0] if len(alts) == 1 else "(" + ") | (".join(alts) + ")")
+        return "builtin"
+
+    def builtin_key(self) -> str:
+        if "bkey" not in self.defined:
+            self.defined.add("bkey")
+            self.rule("bkey", "[A-Za-z_] [A-Za-z0-9_]*")
+        return "bkey"
+
+    def builtin_value(self) -> str:
+        raise NotImplementedError  # each writer spells text its own way
 
     def calls_rest(self) -> str:
         """The calls after the first token that opens them (the section's or
@@ -185,7 +256,16 @@ class _Layout:
                 parts.append(self.lit("".join(text)))
                 text.clear()
 
-        for item in self.lp.call_rest:
+        items = list(self.lp.call_rest)
+        if self.lp.bare and self.lp.response_schema is not None and items and isinstance(items[0], Lit) and \
+                len(items[0].text) > 1:
+            # Beside a JSON answer, the opening character on its own, as the
+            # answer's object opens: llguidance's lexer does not go back to a
+            # shorter match once a longer one fails (beside free text, the
+            # whole opening is one literal, which the text never spells).
+            parts.append(self.lit(items[0].text[0]))
+            items[0] = Lit(items[0].text[1:])
+        for item in items:
             if isinstance(item, Lit):
                 text.append(item.text)
             elif isinstance(item, Tok):
@@ -237,6 +317,11 @@ class _Layout:
             [self.spell(self.start, start), *self.rules, *tail]) + "\n"
 
 
+# Every character Python's str.strip takes for whitespace, as a class.
+_WS_CLASS = "[" + "".join(f"\\x{ord(c):02x}" if ord(c) < 0x80 else c
+                          for c in map(chr, range(0x3001)) if c.isspace()) + "]"
+
+
 def _rx(s: str) -> str:
     """``s`` inside a llguidance regular expression."""
     out = []
@@ -272,8 +357,26 @@ class _LayoutLark(_Layout, _Lark):
         return f" & ~/(?s:.*)({self.spelled})(?s:.*)/" if self.spelled else ""
 
     def text(self) -> str:
-        self.terminals["TEXT"] = "/(?s:.+)/" + self.spells_none()
+        self.terminals["TEXT"] = "/(?s:.+)/" + self.spells_none() + self.guarded()
         return "TEXT"
+
+    def guarded(self) -> str:
+        """What keeps free text from reading as a bare call: it never spells
+        a call's opening, nor is a JSON object's shape (``{`` … ``}``
+        between whitespace, as Python's ``str.strip`` takes it)."""
+        if not self.lp.guards:
+            return ""
+        ws = _WS_CLASS
+        return (f" & ~/(?s:.*)({'|'.join(_rx(g) for g in self.lp.guards)})(?s:.*)/"
+                f" & ~/{ws}*\\{{(?s:.*)\\}}{ws}*/")
+
+    def builtin_key(self) -> str:
+        self.terminals["BKEY"] = "/[A-Za-z_][A-Za-z0-9_]*/"
+        return "BKEY"
+
+    def builtin_value(self) -> str:
+        self.terminals["BVALUE"] = '/[^"]*/' + self.spells_none()
+        return "BVALUE"
 
     def text_then(self, t: str) -> str:
         if t in self.lp.refs or not self.spelled:
@@ -340,14 +443,35 @@ class _LayoutGbnf(_Layout, _Gbnf):
         self.used: set[str] = set()
         self.schemas: dict[str, str] = {}
         # Text spells no token of the format: llama.cpp matches a grammar's
-        # characters against a control token's text too.
-        self.markers = sorted(plan.d.tokens)
+        # characters against a control token's text too. Nor does it spell
+        # what a parse reads as a bare call's start.
+        self.markers = sorted({*plan.d.tokens, *plan.guards})
         self.safe_done: dict[tuple[str, tuple[str, ...], bool], str] = {}
+        self.safe_start: dict[str, tuple[list[tuple[str, str]], str]] = {}
 
     def lit(self, s: str) -> str:
-        if s in self.lp.text_tokens:
+        if s in self.lp.text_tokens or not any(t in s for t in self.lp.d.tokens):
             return _Ebnf.lit(self, s)  # text here, not a control token's spelling: no note
         return super().lit(s)
+
+    def text_opt(self) -> str:
+        if not self.lp.guards:
+            return super().text_opt()
+        # Whitespace, then text whose first other character is not "{" (a
+        # parse would read a JSON object there as a call).
+        self.safe("text")
+        if "guarded" not in self.used:
+            self.used.add("guarded")
+            spaces = [c for c in map(chr, range(0x3001)) if c.isspace()]
+            ws = "".join(_class_char(c) for c in spaces)
+            steps, cls = self.safe_start["text"]
+            lead = [alt for ch, alt in steps if ch != "{" and not ch.isspace()]
+            lead.append(f"[^{cls}{_class_char('{')}{ws}] text-s0")
+            self.rules.append(f"guarded ::= [{ws}]* ({' | '.join(lead)})?")
+        return "guarded"
+
+    def builtin_value(self) -> str:
+        return self.safe("bval", '"')
 
     def json_answer(self) -> str:
         return f"json_ws {self.json_schema(self.lp.response_schema, self.lp.response_schema, None)}"
@@ -372,7 +496,7 @@ class _LayoutEbnf(_LayoutGbnf):
             "#   token's text can match it depends on how the engine's TokenizerInfo lists special tokens.")
 
     def text_opt(self) -> str:
-        if self.lp.text_tokens:
+        if self.lp.text_tokens or self.lp.guards:
             return super().text_opt()
         if "text" not in self.used:
             self.used.add("text")
@@ -386,7 +510,9 @@ def _tag(plan: LayoutPlan) -> str:
     xgrammar's token-level formats where the vocabulary has the tokens as
     ids, the answer as one EBNF ``grammar`` format (the calls and JSON need
     named rules); everything in that format where some token is text."""
-    token_level = plan.reasoning is None or all(t in plan.token_ids for t in plan.reasoning)
+    # A bare format's stops differ by what the answer is: all in the grammar.
+    token_level = not plan.bare and not plan.opened and (
+        plan.reasoning is None or all(t in plan.token_ids for t in plan.reasoning))
     w = _LayoutEbnf(plan)
     parts: list[dict[str, Any]] = []
     if token_level and plan.reasoning is not None:
