@@ -219,12 +219,7 @@ class Driver:
         self.tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
     def delta_texts(self, prompt: list[int], ids: list[int]) -> list[str]:
-        """What vLLM's detokenizer hands the parser with each id."""
-        from tokenizers.decoders import DecodeStream
-
-        stream = DecodeStream(ids=prompt, skip_special_tokens=False)
-        backend = self.tok.backend_tokenizer
-        return [stream.step(backend, t) or "" for t in ids]
+        return delta_texts(self.tok, prompt, ids)
 
     def stream(self, name: str, prompt: list[int], ids: list[int], texts: list[str], split: int
                ) -> tuple[float, list[float], Joined]:
@@ -236,23 +231,46 @@ class Driver:
         p = self.classes[name](self.tok, request.tools, chat_template_kwargs=self.kwargs, model_config=None)
         p.set_prompt_token_ids(prompt)
         p.adjust_request(request)
-        parse = p.parse_delta
-        singles = [[t] for t in ids]
-        last = len(ids) - 1
-        out = Joined()
-        add = out.add
-        blocks = []
-        clock = time.perf_counter
-        gc.collect()
-        start = clock()
-        mark = start
-        for lo, hi in block_bounds(len(ids), split):
-            for i in range(lo, hi):
-                add(parse(texts[i], singles[i], request, prompt_token_ids=prompt, finished=i == last))
-            now = clock()
-            blocks.append(now - mark)
-            mark = now
-        return mark - start, blocks, out
+        return drive(p, request, prompt, ids, texts, split)
+
+
+def delta_texts(tok: Any, prompt: list[int], ids: list[int]) -> list[str]:
+    """What vLLM's detokenizer hands the parser with each id (special tokens kept)."""
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(ids=prompt, skip_special_tokens=False)
+    backend = tok.backend_tokenizer
+    return [stream.step(backend, t) or "" for t in ids]
+
+
+def drive(p: Any, request: Any, prompt: list[int], ids: list[int], texts: list[str], split: int,
+          cap: float | None = None) -> tuple[float, list[float], Joined]:
+    """One streamed request through parser ``p`` (made for it, given the
+    prompt's ids and the request adjusted, as vLLM's server does), one id a
+    delta: (seconds of the parse_delta loop, seconds per block of ids, the
+    deltas joined). Blocks are of ``BLOCK`` ids, less at ``split`` (the
+    reasoning's end) and at the end. With ``cap``, the loop stops at the end
+    of the first block past ``cap`` seconds: the blocks then cover fewer ids
+    than ``ids``."""
+    parse = p.parse_delta
+    singles = [[t] for t in ids]
+    last = len(ids) - 1
+    out = Joined()
+    add = out.add
+    blocks = []
+    clock = time.perf_counter
+    gc.collect()
+    start = clock()
+    mark = start
+    for lo, hi in block_bounds(len(ids), split):
+        for i in range(lo, hi):
+            add(parse(texts[i], singles[i], request, prompt_token_ids=prompt, finished=i == last))
+        now = clock()
+        blocks.append(now - mark)
+        mark = now
+        if cap is not None and mark - start > cap:
+            break
+    return mark - start, blocks, out
 
 
 def block_bounds(n: int, split: int) -> list[tuple[int, int]]:
