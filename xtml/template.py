@@ -550,6 +550,13 @@ class LayoutTemplate(Template):
         return OptionError(f"{what} is not yet available for the layout dialect {self.layout.name!r}",
                            option=what.split(" ")[0])
 
+    def _read_back(self, what: str) -> None:
+        """Refuses what reads the format back (or spells it otherwise than
+        render) where the dialect writes what no reader reads yet."""
+        if self.layout.render_only:
+            raise OptionError(f"{what} is not yet available for the layout dialect {self.layout.name!r} (it writes "
+                              f"{', '.join(self.layout.render_only)}): only render is", option=what.split(" ")[0])
+
     def _options(self, options: dict[str, Any]) -> dict[str, Any]:
         limit = options.pop("max_chars", None)
         if limit is None:
@@ -587,6 +594,7 @@ class LayoutTemplate(Template):
     def normalize(self, request: Any, **options: Any) -> dict[str, Any]:
         from .chat.layout_engine import normal_form as layout_normal_form
 
+        self._read_back("normalize")
         self._render(request, dict(options))  # the same checks as render
         self._options(options)
         return layout_normal_form(self.layout, request, options)
@@ -608,6 +616,7 @@ class LayoutTemplate(Template):
                         **options: Any) -> TrainingExample:
         from .codec.layout_training import encode_layout_example
 
+        self._read_back("encode_training")
         limit = self._options(options)["limit"]
         return encode_layout_example(self.layout, self.bind(tokenizer), request, train=train, options=options,
                                      max_chars=limit)
@@ -629,6 +638,7 @@ class LayoutTemplate(Template):
 
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,  # type: ignore[override]
                lenient: bool = True) -> layout_codec.LayoutStream:
+        self._read_back("stream")
         return layout_codec.LayoutStream(self.layout, self.bind(tokenizer), keep=keep, lenient=lenient)
 
     def conversation(self, tokenizer: TokenizerLike, messages: Sequence[Any] = (), *,
@@ -646,11 +656,13 @@ class LayoutTemplate(Template):
         from .codec.completion.layout_plan import layout_plan
         from .codec.completion.layout_writer import write
 
+        self._read_back("completion_grammar")
         self._measured(request, options)
         binding = self.bind(tokenizer) if tokenizer is not None else None
         return write(layout_plan(self.layout, binding, request, format=format, **options))
 
     def reasoning_tokens(self, ids: Sequence[int], tokenizer: TokenizerLike, *, thinking: bool | None = None) -> int:
+        self._read_back("reasoning_tokens")
         return layout_codec.reasoning_length(self.layout, self.bind(tokenizer), ids)
 
     def parse(
@@ -665,6 +677,7 @@ class LayoutTemplate(Template):
         prefill: Any = None,
         repaired_calls: bool = False,
     ) -> dict[str, Any]:
+        self._read_back("parse")
         limit = self.max_chars if max_chars is None else max_chars
         check_size(data, limit)
         if prefill is not None:

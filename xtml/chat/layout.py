@@ -190,6 +190,20 @@ class LayoutDialect:
     (:mod:`.layout_turn`); render and parse are then :mod:`.layout_turns`'."""
     role_aliases: Mapping[str, str] = field(default_factory=dict)
     """Roles read as another (``ipython`` as ``tool``)."""
+    head: Pattern | None = None
+    """Written first, before the declarations and the messages."""
+    tools_turn_each: Pattern | None = None
+    """With :attr:`tools_turn`: one tool (slot ``tool``: its JSON), the turn's
+    ``tools`` slot every tool so written; None: the list's JSON."""
+    content_suffix: tuple[str, str, str] | None = None
+    """(role, text, condition): the text added to the content of the role's
+    messages where the condition holds, unless it already ends with it."""
+    call_pair: Pattern | None = None
+    """With ``arguments = "pairs"``: one argument (slots ``key``, ``value``:
+    a string as it is, anything else as ``tojson`` writes it)."""
+    render_only: tuple[str, ...] = ()
+    """What the format writes that no reader reads yet: parse, the stream,
+    the grammar and the exports refuse the dialect, naming these."""
     parseable: bool = True
     """Whether the format reads back by its frame patterns alone (each is
     :meth:`Pattern.parseable` and it has no tools, calls, reasoning policy

@@ -10,6 +10,7 @@ files but how to tell one (:func:`~.template_file.is_layout`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -207,7 +208,8 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         assistant = r == "assistant"
         body = _pattern(c, body_src if isinstance(body_src, str) else None, tokens,
                         frozenset({"content", "reasoning", "calls"} if assistant else {"content", "tool_call_id"}),
-                        mconds | {"show_reasoning"} if assistant else mconds, f"roles.body.{r}", ("content",))
+                        mconds | {"show_reasoning", "has_text"} if assistant else mconds, f"roles.body.{r}",
+                        ("content",))
         if not isinstance(body_src, str):
             c.add("a body is a pattern (a string)", f"roles.body.{r}")
         if body is not None:
@@ -235,9 +237,10 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
             frames[r] = RoleFrame(fo, fc, group == "run")
 
     sy = _table(c, data, "system")
-    c.keys(sy, ("default", "with_tools", "hoist", "join"), "system")
+    c.keys(sy, ("default", "with_tools", "hoist", "join", "head"), "system")
     hoist = _pattern(c, _str(c, sy, "hoist", "system", "") or None, tokens, frozenset({"system"}), conds,
                      "system.hoist", ("system",))
+    head = _pattern(c, _str(c, sy, "head", "system", "") or None, tokens, frozenset(), conds, "system.head")
     join = _str(c, sy, "join", "system", "\n\n") or ""
     default_system = sy.get("default")
     if default_system is not None and not isinstance(default_system, str):
@@ -245,7 +248,8 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         default_system = None
 
     co = _table(c, data, "content")
-    c.keys(co, ("parts", "missing", "image", "cut"), "content")
+    c.keys(co, ("parts", "missing", "image", "cut", "suffix"), "content")
+    suffix = _suffix(c, co.get("suffix"), accepted, tokens, conds)
     cut = None
     cut_tab = co.get("cut")
     if cut_tab is not None:
@@ -295,7 +299,7 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     policies: dict[str, str] = {}
     kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS),
              "reasoning": (DROP, HISTORY)}
-    extra = {"calls": ("each", "section", "ids", "id", *CALL_KEYS), "tools": ("each", "block", "turn"),
+    extra = {"calls": ("each", "section", "ids", "id", "pair", *CALL_KEYS), "tools": ("each", "block", "turn"),
              "reasoning": ("show", "query_excludes", "last", "split", "block", "opened")}
     tabs: dict[str, dict[str, Any]] = {}
     for section, allowed in kinds.items():
@@ -307,7 +311,15 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     calls_each = tools_each = tools_block = with_tools = tools_turn = call_section = call_id = None
     ct = tabs["calls"]
     call_ids = _choice(c, ct, "ids", "calls", ("absent", "given", "generated"), "absent")
-    arguments = _choice(c, ct, "arguments", "calls", ("as_given", "tojson", "string"), "as_given")
+    arguments = _choice(c, ct, "arguments", "calls", ("as_given", "tojson", "string", "pairs"), "as_given")
+    call_pair = None
+    if arguments == "pairs":
+        # Each argument written by a pattern of its key and its value (a
+        # string as it is, anything else as tojson writes it).
+        call_pair = _pattern(c, _str(c, ct, "pair", "calls"), tokens, frozenset({"key", "value"}), conds,
+                             "calls.pair", ("key", "value"))
+    elif "pair" in ct:
+        c.add("a pair pattern is read with arguments = \"pairs\"", "calls.pair")
     if policies["calls"] == EACH:
         call_slots = {"name", "arguments"} | ({"id"} if call_ids != "absent" else set())
         calls_each = _pattern(c, _str(c, ct, "each", "calls"), tokens, frozenset(call_slots),
@@ -328,9 +340,15 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
                                "tools.block", ("tools",))
         with_tools = _pattern(c, _str(c, sy, "with_tools", "system"), tokens, frozenset({"system", "tools"}),
                               conds | {"has_system"}, "system.with_tools", ("tools",))
+    tools_turn_each = None
     if policies["tools"] == TURN:
         tools_turn = _pattern(c, _str(c, tabs["tools"], "turn", "tools"), tokens, frozenset({"tools"}), conds,
                               "tools.turn", ("tools",))
+        if "each" in tabs["tools"]:
+            # The declaration tool by tool (slot tool: one tool's JSON), not
+            # the list's JSON.
+            tools_turn_each = _pattern(c, _str(c, tabs["tools"], "each", "tools"), tokens, frozenset({"tool"}),
+                                       conds, "tools.each", ("tool",))
     rt = tabs["reasoning"]
     show = _choice(c, rt, "show", "reasoning", ("never", "after_last_query", "after_last_answer"), "never")
     last = rt.get("last", False)
@@ -359,6 +377,12 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     message_conds = any(_asks(p.items, asked) for p in
                         [prompt, *(r.body for r in roles.values()), *(f.open for f in frames.values()),
                          *(f.close for f in frames.values())])
+    # What render writes and no reader reads yet: the readers refuse the
+    # dialect by these names.
+    render_only = tuple(what for what, used in (
+        ("a head", head is not None), ("tools declared one by one in their own turn", tools_turn_each is not None),
+        ("a suffix added to content", suffix is not None), ("arguments as key/value pairs", call_pair is not None))
+        if used)
     parseable = (all(p.parseable() for p in patterns) and not frames and policies["calls"] != EACH
                  and policies["tools"] not in (SYSTEM, TURN) and policies["reasoning"] != HISTORY and not role_names
                  and image is None and hoist is None and not message_conds)
@@ -375,7 +399,30 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         call_ids=call_ids, call_id=call_id, arguments=arguments, parts_by_role=parts_by_role, image=image,
         reasoning_block=pairs["block"], system_hoist=hoist, system_join=join, flags=flags,
         message_conds=message_conds, content_cut=cut, reasoning_opened=pairs["opened"], option_aliases=aliases,
-        parseable=parseable)
+        parseable=parseable, head=head, tools_turn_each=tools_turn_each, content_suffix=suffix, call_pair=call_pair,
+        render_only=render_only)
+
+
+def _suffix(c: Checker, tab: Any, accepted: Sequence[str], tokens: Sequence[str],
+            conds: frozenset[str]) -> tuple[str, str, str] | None:
+    """``{ role = "user", text = "/nothink", when = "a condition" }``: the
+    text added to the content of the role's messages where the condition
+    holds, unless the content already ends with it."""
+    if tab is None:
+        return None
+    role, text, when = (tab.get("role"), tab.get("text"), tab.get("when", "")) if isinstance(tab, dict) else \
+        (None, None, "")
+    if not isinstance(role, str) or role not in accepted or not isinstance(text, str) or not text or \
+            not isinstance(when, str) or set(tab) - {"role", "text", "when"}:
+        c.add("suffix is { role = \"an accepted role\", text = \"text\", when = \"a condition\" }", "content.suffix")
+        return None
+    try:
+        if when:
+            Pattern.compile(f"{{?{when}}}{{/}}", tokens, frozenset(), conds, "content.suffix.when")
+    except TemplateError as e:
+        c.add(e.msg, "content.suffix.when")
+        return None
+    return role, text, when
 
 
 def _asks(items: tuple[Item, ...], names: frozenset[str]) -> bool:

@@ -34,9 +34,12 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
     conds = {k: v for k, v in resolved.items() if k in d.options}
     tools = opts.get("tools") if d.tools in (SYSTEM, TURN) else None
     start = 0
+    if d.head is not None:
+        d.head.render({}, conds, b)
     if tools and d.tools == TURN:
         assert d.tools_turn is not None
-        d.tools_turn.render({"tools": _tojson(_tool_list(tools))}, conds, b)
+        d.tools_turn.render({"tools": _declared_one_by_one(d, _tool_list(tools), conds)
+                             if d.tools_turn_each is not None else _tojson(_tool_list(tools))}, conds, b)
         tools = None  # declared in its own turn: the system turn is as without tools
     if tools:
         _tool_list(tools)
@@ -66,6 +69,7 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
         if d.system_hoist is not None and m.role == "system":
             continue
         r = d.roles[m.role]
+        m = _suffixed(d, m, conds)
         if d.message_conds:
             conds, plain = _message_conds(d, m, prev, conds), conds
             m = _cut(d, m, conds, dropped)
@@ -95,6 +99,40 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
                                                                     f"prompt after a {prev or 'system'} message"))
         d.prompt.render({}, conds, b)
     return Rendering(b.finish(), tuple(dropped), resolved, opts)
+
+
+def _declared_one_by_one(d: LayoutDialect, tools: list[Any], conds: Mapping[str, bool]) -> Value:
+    each = d.tools_turn_each
+    assert each is not None
+    texts = [_tojson(t) for t in tools]
+
+    def write(out: Builder) -> None:
+        for t in texts:
+            each.render({"tool": t}, conds, out)
+    return write
+
+
+def _suffixed(d: LayoutDialect, m: Msg, conds: Mapping[str, bool]) -> Msg:
+    """The message with the format's suffix added to its content, where the
+    format adds it (not twice)."""
+    sx = d.content_suffix
+    if sx is None or m.role != sx[0] or (sx[2] and not holds(sx[2], conds)) or m.content.endswith(sx[1]) or m.parts:
+        return m
+    return m._replace(content=m.content + sx[1])
+
+
+def _pairs(d: LayoutDialect, arguments: str, conds: Mapping[str, bool]) -> Value:
+    """Arguments (an object's JSON) written pair by pair: a string value as
+    it is, any other as tojson writes it."""
+    pair = d.call_pair
+    assert pair is not None
+    items = list(json.loads(arguments).items())
+
+    def write(out: Builder) -> None:
+        for k, v in items:
+            pair.render({"key": k, "value": v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)},
+                        conds, out)
+    return write
 
 
 def _hoisted(d: LayoutDialect, msgs: Sequence[Msg]) -> str:
@@ -222,7 +260,8 @@ def _assistant(d: LayoutDialect, m: Msg, k: int, last: bool, last_query: int, co
     def each_call(out: Builder) -> None:
         assert each is not None
         for j, (name, args) in enumerate(m.calls):
-            each.render({"name": name, "arguments": args, "id": m.ids[j] if m.ids else ""},
+            each.render({"name": name, "arguments": args if d.call_pair is None else _pairs(d, args, conds),
+                         "id": m.ids[j] if m.ids else ""},
                         {**conds, "first": j == 0, "has_content": bool(content)}, out)
 
     def calls(out: Builder) -> None:
@@ -232,7 +271,7 @@ def _assistant(d: LayoutDialect, m: Msg, k: int, last: bool, last_query: int, co
             section.render({"calls": each_call}, conds, out)
 
     body.render({"content": _content(d, m, content, conds), "reasoning": r, "calls": calls},
-                {**conds, "show_reasoning": show}, b)
+                {**conds, "show_reasoning": show, "has_text": bool(content.strip())}, b)
 
 
 def _frame(d: LayoutDialect, role: str, content: str, conds: Mapping[str, bool], b: Builder) -> None:

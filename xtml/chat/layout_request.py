@@ -220,7 +220,10 @@ def _calls(raw: Any, i: int, dropped: list[Dropped]) -> tuple[tuple[str, str], .
 def _calls_with_ids(d: LayoutDialect, raw: Any, i: int, dropped: list[Dropped]) -> tuple[
         tuple[tuple[str, str], ...], tuple[str, ...]]:
     """:func:`_calls` of a format that writes call ids (given or generated),
-    may quote string arguments and may write no name but the id's."""
+    may quote string arguments, may write them as key/value pairs and may
+    write no name but the id's."""
+    if d.arguments == "pairs":
+        raw = _pair_arguments(d, raw, i)
     calls = _calls(raw, i, [])
     if d.arguments == "string":
         # The template adds arguments to strings: an object raises there.
@@ -250,6 +253,30 @@ def _calls_with_ids(d: LayoutDialect, raw: Any, i: int, dropped: list[Dropped]) 
             dropped.append(Dropped(i, "tool_calls.function.name",
                                    "the format writes no call name but the one its id spells"))
     return calls, ids
+
+
+def _pair_arguments(d: LayoutDialect, raw: Any, i: int) -> Any:
+    """The calls with their arguments as the template reads them for
+    key/value pairs: an object, or none (absent or empty: no pairs); a
+    string raises there, and is refused here."""
+    if not isinstance(raw, list | tuple):
+        return raw
+    out: list[Any] = []
+    for j, call in enumerate(raw):
+        if not isinstance(call, Mapping) or not isinstance(call.get("function", call), Mapping):
+            out.append(call)
+            continue
+        fn = call.get("function", call)
+        args = fn.get("arguments")
+        if not args:
+            args = {}
+        elif not isinstance(args, Mapping):
+            raise MessageError(f"the {d.name} format writes arguments as key/value pairs: give them as an object, "
+                               f"not {type(args).__name__} (the template raises on it)", index=i,
+                               path=f"tool_calls[{j}].function.arguments")
+        fn = {**fn, "arguments": dict(args)}
+        out.append({**call, "function": fn} if "function" in call else fn)
+    return out
 
 
 def _given_arguments(call: Mapping[str, Any]) -> Any:
