@@ -232,6 +232,10 @@ class LayoutStream:
         self._error: ParseError | None = None
         self._size = binding.vocab.size
         self._bytes = binding.text_table()
+        # Each id's text where its bytes are whole UTF-8: read without the
+        # decoder while it holds no bytes of a character cut in two.
+        self._strs = binding.text_strs() if self._bytes else []
+        self._clean = True
         self._chars = binding.char_of_id
         stop_chars = {d.chars()[t]: m for t, m in d.stops.items()}
         self._stops = {i: stop_chars[c] for i, c in self._chars.items() if c in stop_chars}
@@ -328,7 +332,10 @@ class LayoutStream:
         c = self._chars.get(t)
         if c is None:
             if self._lexing:
-                s = self._dec.decode(self._bytes[t] or b"", False)
+                s = self._strs[t] if self._clean else None
+                if s is None:
+                    s = self._dec.decode(self._bytes[t] or b"", False)
+                    self._clean = not self._dec.getstate()[0]
                 if self._run_at < 0:
                     self._run_at = at
                 if s:
@@ -368,6 +375,7 @@ class LayoutStream:
             return
         s = self._dec.decode(b"", True)
         self._dec.reset()
+        self._clean = True
         if s:
             self._run.append(s)
             if send is not None:

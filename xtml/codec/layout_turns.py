@@ -53,19 +53,30 @@ class TurnsLive:
 
     def _send(self, at: int, out: list[StreamEvent]) -> None:
         buf = self.buf
-        k = buf.find(self.lead) if self.lead else -1
+        lead = self.lead
+        if not lead or lead[0] not in buf:
+            # Most pieces: no call can start in what is held.
+            body = buf.rstrip()
+            if body:
+                out.append(StreamEvent("text", at, "response", body))
+                self.emitted.append(body)
+                self.buf = buf[len(body):]
+            return
+        k = buf.find(lead)
         if k >= 0:
             # A call after text reads the text before it only: nothing more
             # goes out before the end.
             self.state = "held"
         else:
             k = len(buf)
-            if self.lead:
-                # The start of a call may be cut between two pieces.
-                for j in range(max(0, len(buf) - len(self.lead) + 1), len(buf)):
-                    if self.lead.startswith(buf[j:]):
-                        k = j
-                        break
+            # The start of a call may be cut between two pieces: the tail
+            # from a place of the lead's first character that begins it.
+            j = buf.find(lead[0], max(0, len(buf) - len(lead) + 1))
+            while j >= 0:
+                if lead.startswith(buf[j:]):
+                    k = j
+                    break
+                j = buf.find(lead[0], j + 1)
         body = buf[:k].rstrip()
         if body:
             out.append(StreamEvent("text", at, "response", body))

@@ -300,6 +300,16 @@ class XtmlLayoutToolParser(ToolParser):
         return self._delta(stream.close())
 
     def _delta(self, events: list[Any]) -> DeltaMessage | None:
+        if len(events) == 1:
+            # Most deltas are one piece of text: no lists, no joins.
+            e = events[0]
+            if e.type == "text":
+                if not e.text:
+                    return None
+                if e.channel == self.x.content_tag:
+                    return DeltaMessage(content=e.text)
+                if e.channel == self.x.reasoning_tag:
+                    return DeltaMessage(reasoning=e.text)
         reasoning: list[str] = []
         content: list[str] = []
         calls: list[DeltaToolCall] = []
