@@ -35,6 +35,12 @@ class TurnsLive:
         self.emitted: list[str] = []  # joined at the end: adding to one string copies it each time
 
     def text(self, s: str, at: int, out: list[StreamEvent]) -> None:
+        if self.state == "content" and not self.buf and (not self.lead or self.lead[0] not in s) \
+                and s.rstrip() is s:
+            # Most pieces of content: nothing held, nothing to hold.
+            out.append(StreamEvent("text", at, "response", s))
+            self.emitted.append(s)
+            return
         self.first = False
         if self.state == "held":
             return
