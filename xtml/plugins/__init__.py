@@ -56,6 +56,8 @@ from .api import (
     Plugin,
     check_attributes,
 )
+from .values import GROUP as VALUE_SYNTAX_GROUP
+from .values import NoOperation, ValueReader, ValueSyntax, load_value_syntax, value_syntaxes
 
 GROUP = "xtml.plugins"
 BUILTIN = "xtml"
@@ -243,6 +245,7 @@ def configure(name: str, settings: Mapping[str, Any], where: str) -> Any:
                             location=where) from None
 
 
-__all__ = ["ATTRIBUTE_TYPES", "BUILTIN", "GROUP", "ContentExtension", "Context", "Plugin", "PluginWarning", "broken",
-           "check_attributes", "configure", "get", "installed", "unuse", "use", "using"]
+__all__ = ["ATTRIBUTE_TYPES", "BUILTIN", "GROUP", "VALUE_SYNTAX_GROUP", "ContentExtension", "Context", "NoOperation",
+           "Plugin", "PluginWarning", "ValueReader", "ValueSyntax", "broken", "check_attributes", "configure", "get",
+           "installed", "load_value_syntax", "unuse", "use", "using", "value_syntaxes"]
 

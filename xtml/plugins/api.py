@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..markup.header import int_value, number_value
 from . import jsonfmt
+from .values import NoOperation, ValueReader, ValueSyntax
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -28,7 +29,10 @@ __all__ = [
     "ATTRIBUTE_TYPES",
     "ContentExtension",
     "Context",
+    "NoOperation",
     "Plugin",
+    "ValueReader",
+    "ValueSyntax",
     "call_id",
     "check_attributes",
     "jsonfmt",
