@@ -144,3 +144,45 @@ def test_the_jinja_export_refuses_it_by_name(tpl: xtml.Template) -> None:
 
     with pytest.raises(xtml.TemplateError, match="does not write the layout field 'head' yet"):
         layout_jinja_template(tpl.dialect)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("messages", [
+    # No user message: the template shows every answer's reasoning.
+    [{"role": "system", "content": "s"}, {"role": "assistant", "content": "ok", "reasoning_content": "R"}],
+    [{"role": "assistant", "content": " a ", "reasoning_content": " r "}, {"role": "user", "content": "u"},
+     {"role": "assistant", "content": "<think>x</think>\n\ny", "tool_calls": [
+         {"type": "function", "function": {"name": "f", "arguments": {"k": [1, "é"], "s": "raw \"q\""}}}]}],
+])
+def test_edges_against_the_official_template(tpl: xtml.Template, messages: list[Any]) -> None:
+    ref = REFERENCES[NAME]
+    template = llama_template(ref.source, ref.sha256)
+    case = {"request": {"messages": messages, "add_generation_prompt": False}, "options": {}}
+    assert tpl.render(case["request"]).text == hf_render(NAME, template, case)
+
+
+def test_what_a_turns_format_does_not_write_is_refused_in_its_file(tmp_path: Path) -> None:
+    from xtml.chat.template_file import builtin_files
+
+    text = builtin_files(layout=True)["llama-3.1"].read_text(encoding="utf-8")
+    bad = text.replace("[tools]\n", "[system]\nhead = \"<|begin_of_text|>\"\n\n[tools]\n", 1)
+    path = tmp_path / "bad.toml"
+    path.write_text(bad, encoding="utf-8")
+    with pytest.raises(xtml.TemplateError, match="a head is not written with \\[turns\\]"):
+        xtml.load(str(path))
+
+
+def test_an_assistant_body_that_asks_has_text_renders_and_only_renders(tmp_path: Path) -> None:
+    from xtml.chat.template_file import builtin_files
+
+    text = builtin_files(layout=True)["smollm2"].read_text(encoding="utf-8")
+    assert "[roles.body]" not in text
+    path = tmp_path / "t.toml"
+    path.write_text(text.replace("[roles]\n", "[roles.body]\nassistant = \"{?has_text}T:{/}{content}\"\n\n[roles]\n",
+                                 1), encoding="utf-8")
+    t = xtml.load(str(path))
+    req = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}],
+           "add_generation_prompt": False}
+    assert "T:" not in t.render(req).text
+    assert "T:a" in t.render({**req, "messages": [req["messages"][0], {"role": "assistant", "content": "a"}]}).text
+    with pytest.raises(xtml.OptionError, match="content written where it holds more than whitespace"):
+        t.normalize(req)

@@ -87,6 +87,13 @@ def test_free_text_never_has_a_calls_shape(text: str, good: bool) -> None:
     ({"enum": ["a", 1]}, False),
     ({"$ref": "https://example.com/s.json"}, True),
     ({"type": "string"}, False),
+    # The reader finds a call's two keys in whichever objects they are.
+    ({"type": "object", "properties": {
+        "x": {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": False},
+        "y": {"type": "string"},
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+      "additionalProperties": False}, True),
+    ({"type": "object", "properties": {"a": {"type": "array"}}, "additionalProperties": False}, True),
 ])
 def test_json_answers_that_may_hold_a_call_are_refused_by_name(schema: Any, spells: bool) -> None:
     assert may_spell_call(schema) == spells
@@ -98,6 +105,17 @@ def test_json_answers_that_may_hold_a_call_are_refused_by_name(schema: Any, spel
         assert e.value.option == "response_format"
     else:
         assert "template llama-3.1" in LLAMA.completion_grammar(req, v)
+
+
+def test_a_json_answer_never_holds_a_calls_keys() -> None:
+    # Found by review: "name" in one object and "parameters" in another
+    # read as a call after text, the content cut before it.
+    v = vocab("llama-3.1")
+    answer = '{"x": {"name": "a"}, "y": "b", "parameters": {}}<|eot_id|>'
+    with pytest.raises(xtml.ParseError):
+        LLAMA.parse(token_ids(LLAMA, v, answer), v, completion=True)
+    lenient = LLAMA.parse(token_ids(LLAMA, v, answer), v, completion=True, lenient=True)
+    assert lenient["content"] != answer[:-len("<|eot_id|>")]
 
 
 def test_built_in_tools_that_a_call_cannot_spell_are_left_out_with_a_note() -> None:

@@ -126,7 +126,8 @@ class LayoutDialect:
     """With ``reasoning = "history"``: which assistant messages show their
     reasoning: ``after_last_query`` (after the last user message that is a
     query, not tool results) or ``after_last_answer`` (after the last
-    assistant message without calls)."""
+    assistant message without calls) or ``after_last_user`` (after the last
+    user message, every one when there is none)."""
     query_excludes: tuple[str, str] | None = None
     """A user message that starts and ends with these is not a query."""
     reasoning_last: bool = False

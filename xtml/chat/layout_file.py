@@ -350,7 +350,8 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
             tools_turn_each = _pattern(c, _str(c, tabs["tools"], "each", "tools"), tokens, frozenset({"tool"}),
                                        conds, "tools.each", ("tool",))
     rt = tabs["reasoning"]
-    show = _choice(c, rt, "show", "reasoning", ("never", "after_last_query", "after_last_answer"), "never")
+    show = _choice(c, rt, "show", "reasoning", ("never", "after_last_query", "after_last_answer", "after_last_user"),
+                   "never")
     last = rt.get("last", False)
     if not isinstance(last, bool):
         c.add("'last' must be true or false", "reasoning.last")
@@ -379,10 +380,19 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
                          *(f.close for f in frames.values())])
     # What render writes and no reader reads yet: the readers refuse the
     # dialect by these names.
+    asks_text = "assistant" in roles and _asks(roles["assistant"].body.items, frozenset({"has_text"}))
     render_only = tuple(what for what, used in (
         ("a head", head is not None), ("tools declared one by one in their own turn", tools_turn_each is not None),
-        ("a suffix added to content", suffix is not None), ("arguments as key/value pairs", call_pair is not None))
+        ("a suffix added to content", suffix is not None), ("arguments as key/value pairs", call_pair is not None),
+        ("content written where it holds more than whitespace", asks_text))
         if used)
+    if turns is not None:
+        # The writer of [turns] formats writes none of these.
+        for what, key, used in (("a head", "system.head", head is not None),
+                                ("a content suffix", "content.suffix", suffix is not None),
+                                ("arguments as pairs", "calls.pair", call_pair is not None)):
+            if used:
+                c.add(f"{what} is not written with [turns]", key)
     parseable = (all(p.parseable() for p in patterns) and not frames and policies["calls"] != EACH
                  and policies["tools"] not in (SYSTEM, TURN) and policies["reasoning"] != HISTORY and not role_names
                  and image is None and hoist is None and not message_conds)

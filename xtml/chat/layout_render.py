@@ -86,7 +86,11 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
         if m.role == "assistant" and (d.reasoning == HISTORY or d.calls == EACH):
             _assistant(d, m, k, k == n - 1, last_query, conds, r.body, b, dropped)
         else:
-            r.body.render({"content": _content(d, m, m.content, conds), "tool_call_id": m.call_id}, conds, b)
+            # An assistant's body read without a history policy: no
+            # reasoning shown, its content as given.
+            asked = {**conds, "show_reasoning": False, "has_text": bool(m.content.strip())} \
+                if m.role == "assistant" else conds
+            r.body.render({"content": _content(d, m, m.content, conds), "tool_call_id": m.call_id}, asked, b)
         if not group or k == n - 1 or msgs[k + 1].role != m.role:
             closing.render({}, conds, b)
         if d.message_conds:
@@ -222,6 +226,9 @@ def _last_query(d: LayoutDialect, msgs: Sequence[Msg]) -> int:
     if d.reasoning_show == "after_last_answer":
         return next((k for k in range(len(msgs) - 1, -1, -1) if msgs[k].role == "assistant" and not msgs[k].calls),
                     -1)
+    if d.reasoning_show == "after_last_user":
+        # The last user message, whatever it holds; none: -1 (every answer).
+        return next((k for k in range(len(msgs) - 1, -1, -1) if msgs[k].role == "user"), -1)
     if d.reasoning_show != "after_last_query":
         return len(msgs) - 1
     ex = d.query_excludes

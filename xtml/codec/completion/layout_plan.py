@@ -23,7 +23,6 @@ of those, as a parse would read such a spelling as the token.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -340,52 +339,70 @@ def _builtin_pattern(d: LayoutDialect) -> dict[str, Any]:
 
 
 def may_spell_call(schema: Any) -> bool:
-    """Whether JSON of ``schema`` may hold an object with the keys ``name``
-    and ``parameters`` (which a format of bare JSON calls reads as a call):
-    false only where every object the schema describes is closed
-    (``additionalProperties`` false) without both keys, and no fixed value
-    holds a ``name`` key. Any node of the document may be a reference's
-    target, so each is read."""
-    found = False
+    """Whether JSON of ``schema`` may spell what a format of bare JSON calls
+    reads as a call: the keys ``name`` and ``parameters`` anywhere in it
+    (its reader finds a call's opening text and the text between its two
+    keys wherever they are, in whichever objects). False only where the
+    schema admits no value of its own choosing (every object closed by
+    ``additionalProperties: false``, every array's items given, every node
+    typed) and its properties and fixed values do not name both keys. Any
+    node of the document may be a reference's target, so each is read."""
+    keys: set[str] = set()
+    free = False
+
+    def named(value: Any) -> None:
+        if isinstance(value, Mapping):
+            keys.update(k for k in value if isinstance(k, str))
+            for x in value.values():
+                named(x)
+        elif isinstance(value, list):
+            for x in value:
+                named(x)
 
     def walk(s: Any) -> None:
-        nonlocal found
-        if found:
+        nonlocal free
+        if free:
             return
         if not isinstance(s, Mapping):
             if isinstance(s, list):
                 for x in s:
                     walk(x)
             elif s is not False:
-                found = True  # true, or something that is not a schema: any value
+                free = True  # true, or something that is not a schema: any value
             return
-        fixed = [s["const"]] if "const" in s else list(s["enum"]) if isinstance(s.get("enum"), list) else None
-        if fixed is not None:
-            found = '"name"' in json.dumps(fixed)
+        if "const" in s or "enum" in s:
+            named([s.get("const"), s.get("enum")])
             return
         ref = s.get("$ref")
         if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
-            found = True  # not of this document: any value
+            free = True  # not of this document: any value
             return
         t = s.get("type")
         combined = any(k in s for k in ("$ref", "anyOf", "oneOf", "allOf"))
-        objects = t == "object" or (isinstance(t, list) and "object" in t) or (t is None and not combined)
+        if t is None and not combined:
+            free = True  # untyped: any value, objects of any keys among them
+            return
+        types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
         given = s.get("properties")
-        props: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
-        if objects and (s.get("additionalProperties") is not False or s.get("patternProperties")
-                        or ("name" in props and "parameters" in props)):
-            found = True
+        if isinstance(given, Mapping):
+            keys.update(k for k in given if isinstance(k, str))
+        if "object" in types and (s.get("additionalProperties") is not False or s.get("patternProperties")):
+            free = True
+            return
+        if "array" in types and ("items" not in s or s["items"] is True):
+            free = True  # items of any kind
             return
         for k, v in s.items():
-            if k in ("properties", "$defs", "definitions"):
+            if k in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas"):
                 if isinstance(v, Mapping):
                     for x in v.values():
                         walk(x)
-            elif k in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "additionalProperties", "not"):
+            elif k in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "additionalProperties", "contains",
+                       "if", "then", "else", "additionalItems", "unevaluatedItems", "unevaluatedProperties"):
                 walk(v)
 
     walk(schema)
-    return found
+    return free or {"name", "parameters"} <= keys
 
 
 def _spelled_ids(d: LayoutDialect, *, named: bool) -> bool:
