@@ -1,9 +1,12 @@
 """xtml's vLLM parsers with each layout dialect that has a vLLM counterpart,
-against vLLM 0.33's own parsers for the same family: the cost per streamed
+against vLLM 0.33's own parsers for the same family: the silent losses of
+each on the same generated and hostile answers, and the cost per streamed
 token, one id per delta, on the same answers of about 1k and 100k ids.
 
-    .venv/bin/python bench/bench_vllm_families.py            # prepares, then runs in vLLM's venv
-    .venv/bin/python bench/bench_vllm_families.py --quick    # 1k ids only, a few rounds
+    .venv/bin/python bench/bench_vllm_families.py                   # losses, then 1k and 100k ids
+    .venv/bin/python bench/bench_vllm_families.py --quick           # 1k ids only, a few rounds
+    .venv/bin/python bench/bench_vllm_families.py --losses          # the losses only
+    .venv/bin/python bench/bench_vllm_families.py --losses --quick  # both, 1k ids only
 
 The pairs are those tests/test_vllm_layout.py and tests/test_vllm_families.py
 hold to the same answers: ``qwen3`` against ``hermes`` with the ``qwen3``
@@ -54,7 +57,26 @@ error.
 In the first round, each stack's deltas, joined, are compared with
 ``Template.parse(ids, completion=True, lenient=True)``: reasoning, content
 and calls (a cut run is not compared). A difference is reported, not fatal.
-Results go to ``bench/results/vllm_families.json``.
+
+The losses (``--losses``; the default run counts them first) are those
+tests/test_vllm_families.py counts: each family's generated answers (the
+last assistant turn of seeded requests, as the dialect renders it: what was
+meant is ``Template.parse``'s message of their ids) and hostile ones
+(marker text and marker tokens in arguments, content and reasoning, cuts
+inside a call or the reasoning, text around calls, unknown tools,
+malformed JSON, each with what the model meant), from
+tests/helpers/vllm_families.py, through both stacks inside vLLM's venv
+(tests/helpers/vllm_families_driver.py: the get_weather tool declared),
+whole and one id a delta. A loss is a call missing or changed, an argument
+changed, or the reasoning or content changed (compared stripped); a silent
+one is made with no warning logged while the parser read that answer (a
+raised exception is a report, counted apart). The table gives per
+workload the family's silent losses whole/streamed of each stack beside its
+cost per id at each size.
+
+Results go to ``bench/results/vllm_families.json`` (``losses``: per family
+and stack, the counts for generated and hostile answers and the answers
+lost silently).
 """
 
 from __future__ import annotations
@@ -245,6 +267,140 @@ def prepare(folder: Path, sizes: list[int], only: list[str] | None = None) -> No
     (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
 
 
+# --- silent losses (driven from the project's venv) -------------------------
+
+LOSSES = "losses.json"
+DRIVER = ROOT / "tests" / "helpers" / "vllm_families_driver.py"
+KINDS = ("generated", "hostile")
+TALLIES = ("lost whole", "lost streamed", "silent whole", "silent streamed", "raised")
+
+
+def families(only: list[str] | None) -> list[str]:
+    """The dialects of the workloads run, each once."""
+    return list(dict.fromkeys(w.template for w in WORKLOADS if only is None or w.name in only))
+
+
+def count_losses(folder: Path, only: list[str] | None) -> dict[str, Any]:
+    """Each family's generated and hostile answers (tests/helpers/vllm_families.py's,
+    those tests/test_vllm_families.py reads) through both stacks inside vLLM's
+    venv, whole and one id a delta (tests/helpers/vllm_families_driver.py):
+    per stack, the losses against what was meant (a call, an argument or text
+    lost or changed) and those made without a report (no warning logged while
+    the parser read that answer). Written to ``folder/losses.json``."""
+    from tests.helpers import vllm_families as vf
+    from tests.helpers.vllm import dist_folder
+
+    names = families(only)
+    jobs = []
+    for name in names:
+        path = folder / f"losses-{name}.json"
+        path.write_text(vf.tokenizer_json(name), encoding="utf-8")
+        cases = [*vf.generated(name), *(c for _, c, _ in vf.hostile(name))]
+        jobs.append({"template": name, "tokenizer": str(path), "stop": vf.stops(name),
+                     "pairs": [["xtml", "xtml"], vf.BY_NAME[name].pair],
+                     "cases": [{**c, "groupings": [[1]]} for c in cases]})
+    job = {"dist": str(dist_folder(folder / "dist")), "families": jobs}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml"}
+    print(f"counting silent losses in vLLM's venv: {', '.join(names)}", flush=True)
+    run = subprocess.run([vllm_python(), "-P", str(DRIVER)], input=json.dumps(job), capture_output=True,
+                         text=True, env=env, cwd=folder)
+    if run.returncode != 0:
+        raise SystemExit(f"bench_vllm_families: the loss count failed in vLLM's venv:\n{run.stderr[-4000:]}")
+    answer = json.loads(run.stdout)
+    out: list[dict[str, Any]] = []
+    for name in names:
+        f = vf.BY_NAME[name]
+        meant = [("generated", f"generated answer {k + 1}", vf.expected(name, c))
+                 for k, c in enumerate(vf.generated(name))]
+        meant += [("hostile", what, want) for what, _, want in vf.hostile(name)]
+        entry: dict[str, Any] = {"family": name, "vllm_parsers": f.vllm,
+                                 "answers": {k: sum(m[0] == k for m in meant) for k in KINDS}}
+        for side, pair in (("xtml", "xtml+xtml"), ("vllm", f.vllm)):
+            counts = {k: dict.fromkeys(TALLIES, 0) for k in KINDS}
+            silent = []
+            for (kind, what, want), row in zip(meant, answer["families"][name]["results"][pair], strict=True):
+                if "error" in row:  # an exception is a report
+                    counts[kind]["raised"] += 1
+                    continue
+                # losses() compares text stripped: vLLM's whole path drops
+                # content that is only white space beside calls.
+                whole = vf.losses(vf.shaped(row["whole"]), want)
+                streamed = vf.losses(vf.shaped(row["streams"][0]), want)
+                quiet = (whole if row["whole_reports"] == 0 else 0,
+                         streamed if row["stream_reports"][0] == 0 else 0)
+                for key, n in zip(TALLIES, (whole, streamed, *quiet)):
+                    counts[kind][key] += n
+                if any(quiet):
+                    silent.append(f"{kind}: {what}: {quiet[0]}/{quiet[1]}")
+            entry[side] = {**counts, "silent_answers": silent}
+        out.append(entry)
+    losses = {"vllm": answer["vllm"], "families": out}
+    (folder / LOSSES).write_text(json.dumps(losses), encoding="utf-8")
+    return losses
+
+
+COMBINED = ("\nsilent losses (whole/streamed, one id a delta) on each family's generated+hostile answers, "
+            "and µs per id (medians over runs; * = cut at --cap):\n")
+
+
+def total(entry: dict[str, Any], side: str, key: str) -> int:
+    return sum(entry[side][k][key] for k in KINDS)
+
+
+def combined(losses: dict[str, Any] | None, results: list[dict[str, Any]], only: list[str] | None) -> str:
+    """Per workload: the silent losses of each stack on its family's answers
+    (whole/streamed, generated and hostile together) and the cost per id."""
+    by_family = {e["family"]: e for e in (losses or {}).get("families", ())}
+    sizes = sorted({e["target"] for e in results})
+
+    def cost(e: dict[str, Any] | None, p: str) -> str:
+        if e is None:
+            return "-"
+        if "median_us" not in e[p]:
+            return "raised"
+        return f"{e[p]['median_us']:.2f}{'*' if e[p]['cut_at'] else ''}"
+
+    def silent(e: dict[str, Any] | None, side: str) -> str:
+        if e is None:
+            return "-"
+        cell = f"{total(e, side, 'silent whole')}/{total(e, side, 'silent streamed')}"
+        raised = total(e, side, "raised")
+        return cell + (f" ({raised} raised)" if raised else "")
+
+    def size(n: int) -> str:
+        return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+    timing = "".join(f" | {'µs/id ' + size(n) + ' xtml':>15} {'vLLM':>9}" for n in sizes)
+    head = f"{'workload':<17} {'vLLM parsers':<25} {'answers':>8} | {'silent xtml':>11} {'silent vLLM':>11}{timing}"
+    lines = [head, "-" * len(head)]
+    for w in WORKLOADS:
+        if only is not None and w.name not in only:
+            continue
+        fam = by_family.get(w.template)
+        answers = f"{fam['answers']['generated']}+{fam['answers']['hostile']}" if fam else "-"
+        row = f"{w.name:<17} {w.vllm.removesuffix('+None'):<25} {answers:>8} | {silent(fam, 'xtml'):>11} " \
+              f"{silent(fam, 'vllm'):>11}"
+        for n in sizes:
+            e = next((r for r in results if r["workload"] == w.name and r["target"] == n), None)
+            row += f" | {cost(e, 'xtml'):>15} {cost(e, 'vllm'):>9}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def show_losses(losses: dict[str, Any]) -> None:
+    """Per family and stack, the answers lost silently: how many generated
+    ones, and the hostile ones by name."""
+    for e in losses["families"]:
+        for side in ("xtml", "vllm"):
+            lost = e[side]["silent_answers"]
+            if not lost:
+                continue
+            gen = sum(line.startswith("generated:") for line in lost)
+            named = [line.removeprefix("hostile: ") for line in lost if line.startswith("hostile:")]
+            print(f"silent {e['family']:<17} {side:<4}: {gen} of {e['answers']['generated']} generated answers; "
+                  f"hostile (whole/streamed): {'; '.join(named) or 'none'}")
+
+
 # --- the run (vLLM's venv) --------------------------------------------------
 
 class Stacks:
@@ -415,8 +571,14 @@ def run(folder: Path, rounds: dict[int, int], cap: float, out: Path, only: list[
            "load_average_start": load_start, "load_average_end": os.getloadavg(),
            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "seconds": round(elapsed, 1), "cap_s": cap,
            "rounds": {str(k): v for k, v in rounds.items()}, "git": git_state()}
+    record: dict[str, Any] = {"env": env, "sizes": results}
+    if (folder / LOSSES).exists():
+        record["losses"] = losses = json.loads((folder / LOSSES).read_text(encoding="utf-8"))
+        print(COMBINED)
+        print(combined(losses, results, only))
+        show_losses(losses)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "sizes": results}, indent=1, ensure_ascii=False), encoding="utf-8")
+    out.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
     print(f"\nwrote {out} ({elapsed:.0f} s; load average {load_start[0]:.2f} → {os.getloadavg()[0]:.2f})")
     return 0  # a difference is reported, not fatal
 
@@ -446,9 +608,26 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_losses(losses: dict[str, Any], out: Path, only: list[str] | None) -> int:
+    """A run of the loss count alone: its table, and its JSON."""
+    print(COMBINED)
+    print(combined(losses, [], only))
+    show_losses(losses)
+    env = {"vllm": losses["vllm"], "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "git": git_state()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"env": env, "sizes": [], "losses": losses}, indent=1, ensure_ascii=False),
+                   encoding="utf-8")
+    print(f"\nwrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1k ids only, a few rounds")
+    ap.add_argument("--quick", action="store_true", help="1k ids only, a few rounds (no loss count unless --losses)")
+    ap.add_argument("--losses", action="store_true",
+                    help="count each stack's silent losses on each family's generated and hostile answers; "
+                         "alone, only that (the default run counts them, then times)")
     ap.add_argument("--sizes", help="comma-separated answer sizes in ids (default 1000,100000)")
     ap.add_argument("--rounds", type=int, help="rounds at every size (default 30 at 1k, 3 at 100k)")
     ap.add_argument("--only", help="these workloads (comma-separated names, as the table shows them)")
@@ -470,7 +649,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare:
         prepare(Path(args.prepare), sizes, only)
         return 0
+    timed = not args.losses or args.quick or bool(args.sizes or args.rounds)
+    counted = args.losses or not (args.quick or args.sizes or args.rounds)
     with tempfile.TemporaryDirectory(prefix="xtml-bench-vllm-families-") as tmp:
+        if counted:
+            losses = count_losses(Path(tmp), only)
+            if not timed:
+                return write_losses(losses, Path(args.out), only)
         prepare(Path(tmp), sizes, only)
         cmd = [vllm_python(), "-P", str(Path(__file__).resolve()), "--run", tmp, "--cap", str(args.cap),
                "--out", str(Path(args.out).resolve()), "--sizes", ",".join(map(str, sizes))]
