@@ -186,3 +186,20 @@ def test_an_assistant_body_that_asks_has_text_renders_and_only_renders(tmp_path:
     assert "T:a" in t.render({**req, "messages": [req["messages"][0], {"role": "assistant", "content": "a"}]}).text
     with pytest.raises(xtml.OptionError, match="content written where it holds more than whitespace"):
         t.normalize(req)
+
+
+def test_serve_refuses_it_before_anything_listens(tpl: xtml.Template, tmp_path: Path) -> None:
+    from tests.helpers.cli import run
+    from xtml.serving.gateway import create_app
+    from xtml.vocab.vocabulary import byte_vocabulary
+
+    v = byte_vocabulary(tpl.dialect.tokens)  # type: ignore[attr-defined]
+    with pytest.raises(xtml.OptionError, match="renders only .*xtml serve reads answers back") as e:
+        create_app(tpl, v, "http://127.0.0.1:9", kind="llamacpp")
+    assert e.value.option == "template"
+    tok = tmp_path / "tokenizer.json"
+    v.tokenizer.save(str(tok))
+    code, out, err = run(["serve", "-t", str(FILE), "--tokenizer", str(tok), "--backend", "http://127.0.0.1:9",
+                          "--backend-kind", "llamacpp"])
+    lines = err.strip().splitlines()
+    assert code != 0 and out == "" and len(lines) == 1 and "renders only" in lines[0] and "Traceback" not in err

@@ -130,6 +130,13 @@ class Gateway:
         if kind not in BACKENDS:
             raise OptionError(f"backend kind must be one of {', '.join(BACKENDS)}, not {kind!r}",
                               option="backend_kind")
+        render_only: tuple[str, ...] = getattr(getattr(template, "layout", None), "render_only", ())
+        if render_only:
+            # Refused before anything listens: every answer would be read
+            # back by a reader the dialect does not have yet.
+            raise OptionError(f"the layout dialect {template.name!r} renders only (it writes "
+                              f"{', '.join(render_only)}): xtml serve reads answers back, which is not yet "
+                              "available for it", option="template")
         if grammar_format is None:
             grammar_format = "gbnf" if kind == "llamacpp" else "llguidance"
         if grammar_format not in GRAMMAR_FORMATS or (grammar_format == "gbnf" and kind != "llamacpp"):
