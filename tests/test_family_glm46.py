@@ -194,7 +194,7 @@ def test_serve_refuses_it_before_anything_listens(tpl: xtml.Template, tmp_path: 
     from xtml.vocab.vocabulary import byte_vocabulary
 
     v = byte_vocabulary(tpl.dialect.tokens)  # type: ignore[attr-defined]
-    with pytest.raises(xtml.OptionError, match="renders only .*xtml serve reads answers back") as e:
+    with pytest.raises(xtml.OptionError, match=r"renders only .*xtml serve reads answers back") as e:
         create_app(tpl, v, "http://127.0.0.1:9", kind="llamacpp")
     assert e.value.option == "template"
     tok = tmp_path / "tokenizer.json"
