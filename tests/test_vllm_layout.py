@@ -25,7 +25,8 @@ import xtml
 from tests.helpers.families import chatml_requests
 from tests.helpers.need import need
 from tests.helpers.tokenizers import deepseek_path
-from tests.helpers.vllm import as_json, dist_folder, parsed_message
+from tests.helpers.vllm import dist_folder, parsed_message
+from tests.helpers.vllm_families import losses, shaped, whole_answer
 
 pytestmark = pytest.mark.engines
 
@@ -189,19 +190,6 @@ def expected(case: Case) -> dict[str, Any]:
     return parsed_message(tpl(), vocab(), case["completion"], case["kwargs"]["enable_thinking"])
 
 
-def shaped(got: dict[str, Any]) -> dict[str, Any]:
-    return {"reasoning": got["reasoning"] or "", "content": got["content"] or "",
-            "tool_calls": [[name, as_json(args)] for name, args in got["tool_calls"]]}
-
-
-def whole_answer(message: dict[str, Any]) -> dict[str, Any]:
-    """As vLLM 0.33's whole path returns a message: content that is only
-    white space beside tool calls is no content."""
-    if message["tool_calls"] and not message["content"].strip():
-        return {**message, "content": ""}
-    return message
-
-
 def test_the_plugin_registers_the_layout_parsers() -> None:
     answer = outcome()
     assert answer["vllm"].startswith("0.33.")
@@ -263,15 +251,6 @@ def test_tool_choice_required_hands_vllm_the_grammar() -> None:
     assert thought == {"taken": lengths[0], "terminated": True}
     assert bare == {"taken": lengths[1], "terminated": True}
     assert prose["taken"] < lengths[2]
-
-
-def losses(got: dict[str, Any], meant: dict[str, Any]) -> int:
-    """Calls missing or changed, and text changed, against what was meant."""
-    n = int(got["reasoning"].strip() != meant["reasoning"].strip())
-    n += int(got["content"].strip() != meant["content"].strip())
-    have = Counter(json.dumps(c, sort_keys=True) for c in got["tool_calls"])
-    want = Counter(json.dumps(c, sort_keys=True) for c in meant["tool_calls"])
-    return n + sum((want - have).values()) + sum((have - want).values())
 
 
 def test_silent_losses_on_hostile_answers() -> None:
