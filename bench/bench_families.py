@@ -237,6 +237,11 @@ class Dialect:
         if stops:
             at, stop = min(stops)
             text = text[: at + len(stop)]
+        elif self.t.layout.open_turns:
+            # No marker closes the turn: the model ends it with the next
+            # turn's token (the results' after a call).
+            meaning = "tool_wait" if call else "end"
+            text += next(k for k, m in self.t.layout.stops.items() if m == meaning)
         return self.t.completion_ids(text, self.vocab)
 
 

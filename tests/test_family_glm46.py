@@ -4,15 +4,18 @@ at test time): byte-equal text wherever the official template renders, a
 located refusal wherever it raises or prints a Python repr, and every field
 it leaves out reported.
 
-The file (tests/data/families/glm-4.6.toml) uses what the layout language
-says for it: a head written first (``[gMASK]<sop>``), tools declared one by
-one in their own turn, ``/nothink`` added to user text with thinking off,
-an empty ``<think></think>`` on every answer, and arguments written as
-``<arg_key>``/``<arg_value>`` pairs. No reader reads those back yet, so
-parse, the stream, the grammar and the exports refuse the dialect by name."""
+The file uses what the layout language says for it: a head written first
+(``[gMASK]<sop>``), tools declared one by one in their own turn,
+``/nothink`` added to user text with thinking off, an empty
+``<think></think>`` on every answer, turns that no marker closes, and
+arguments written as ``<arg_key>``/``<arg_value>`` pairs, read back typed by
+the declared tools' schemas. Parse (prompts and answers, strict and
+lenient) and the stream are tested here."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +24,26 @@ import pytest
 import xtml
 from tests.helpers.families import llama_template
 from tests.helpers.family_requests import REFERENCES, family_requests, hf_render
-from tests.helpers.kimi_families import REASONING_KEYS, Case, check_texts, given_reasoning
+from tests.helpers.kimi_families import (
+    REASONING_KEYS,
+    Case,
+    check_any_answer_streams,
+    check_every_grouping,
+    check_parse,
+    check_texts,
+    given_reasoning,
+    joined,
+    last_turns,
+    vocabulary,
+)
 from xtml.errors import MessageError
 
 NAME = "glm-4.6"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "glm-4.6.toml"
 
 
 @pytest.fixture(scope="module")
 def tpl() -> xtml.Template:
-    return xtml.load(str(FILE))
+    return xtml.load(NAME)
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +59,49 @@ def cases() -> list[Case]:
     return out
 
 
+def reads_otherwise(value: Any, prop: Any) -> bool:
+    """Whether a value written as a pair (a string as it is, else JSON)
+    reads back as another: a string no schema calls a string that reads as
+    JSON other than a string, or a non-string a string property reads as
+    text."""
+    string = isinstance(prop, dict) and prop.get("type") == "string"
+    if isinstance(value, str):
+        if string or (isinstance(prop, dict) and prop.get("type") not in (None, "string")):
+            return False
+        try:
+            return not isinstance(json.loads(value), str)
+        except ValueError:
+            return False
+    return string
+
+
 def glm_drops(req: dict[str, Any], opts: dict[str, Any]) -> set[tuple[int, str]]:
     """What GLM-4.6's template leaves out of a request it renders: names,
-    tool_call_id, call ids, and reasoning up to the last user message."""
+    tool_call_id, call ids, and reasoning up to the last user message; and
+    what reads back otherwise: arguments (by the declared schemas), and an
+    empty last answer (the thinking-off generation prompt's text)."""
     msgs = req["messages"]
     last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=-1)
     out: set[tuple[int, str]] = set()
+    props = {t["function"]["name"]: t["function"].get("parameters", {}).get("properties", {})
+             for t in req.get("tools") or ()}
+    for i, m in enumerate(msgs):
+        for c in m.get("tool_calls") or ():
+            args = c["function"].get("arguments") or {}
+            schema = props.get(c["function"]["name"], {})
+            if isinstance(args, dict) and any(reads_otherwise(v, schema.get(k)) for k, v in args.items()):
+                out.add((i, "tool_calls"))
+    last = msgs[-1]
+    if last["role"] == "assistant" and not req.get("add_generation_prompt", True) and not last.get("tool_calls"):
+        content = last.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(p if isinstance(p, str) else p.get("text", "") for p in content)
+        given = given_reasoning(last)
+        if given is None and "</think>" in content:
+            given = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            content = content.split("</think>")[-1].lstrip("\n")
+        if not content.strip() and not (len(msgs) - 1 > last_user and (given or "").strip()):
+            out.add((len(msgs) - 1, "content"))
     for i, m in enumerate(msgs):
         for k, v in m.items():
             if v in (None, "", [], {}) or k in ("role", "content", *REASONING_KEYS):
@@ -123,29 +173,6 @@ def test_arguments_as_json_text_are_refused_where_the_template_raises(tpl: xtml.
     assert "<tool_call>f\n</tool_call>" in tpl.render(req).text
 
 
-@pytest.mark.parametrize("call", [
-    lambda t, v: t.parse(t.encode({"messages": [{"role": "user", "content": "q"}]}, v), v),
-    lambda t, v: t.stream(v),
-    lambda t, v: t.completion_grammar({"messages": [{"role": "user", "content": "q"}]}, v),
-    lambda t, v: t.normalize({"messages": [{"role": "user", "content": "q"}]}),
-    lambda t, v: t.encode_training({"messages": [{"role": "user", "content": "q"}]}, v),
-])
-def test_what_reads_it_back_refuses_it_by_name(tpl: xtml.Template, call: Any) -> None:
-    from xtml.vocab.vocabulary import byte_vocabulary
-
-    v = byte_vocabulary(tpl.dialect.tokens)  # type: ignore[attr-defined]
-    with pytest.raises(xtml.OptionError, match=r"not yet available for the layout dialect 'glm-4.6' .*arguments as "
-                                               r"key/value pairs.*only render is"):
-        call(tpl, v)
-
-
-def test_the_jinja_export_refuses_it_by_name(tpl: xtml.Template) -> None:
-    from xtml.exports.layout_jinja import layout_jinja_template
-
-    with pytest.raises(xtml.TemplateError, match="does not write the layout field 'head' yet"):
-        layout_jinja_template(tpl.dialect)  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("messages", [
     # No user message: the template shows every answer's reasoning.
     [{"role": "system", "content": "s"}, {"role": "assistant", "content": "ok", "reasoning_content": "R"}],
@@ -188,18 +215,146 @@ def test_an_assistant_body_that_asks_has_text_renders_and_only_renders(tmp_path:
         t.normalize(req)
 
 
-def test_serve_refuses_it_before_anything_listens(tpl: xtml.Template, tmp_path: Path) -> None:
-    from tests.helpers.cli import run
-    from xtml.serving.gateway import create_app
-    from xtml.vocab.vocabulary import byte_vocabulary
+def test_parse_gives_the_normal_form_back(tpl: xtml.Template, cases: list[Case]) -> None:
+    n, texts = check_parse(tpl, cases)
+    print(NAME, {"ids": n, "text": texts})
+    assert n >= 380 and texts >= 250
 
-    v = byte_vocabulary(tpl.dialect.tokens)  # type: ignore[attr-defined]
-    with pytest.raises(xtml.OptionError, match=r"renders only .*xtml serve reads answers back") as e:
-        create_app(tpl, v, "http://127.0.0.1:9", kind="llamacpp")
-    assert e.value.option == "template"
-    tok = tmp_path / "tokenizer.json"
-    v.tokenizer.save(str(tok))
-    code, out, err = run(["serve", "-t", str(FILE), "--tokenizer", str(tok), "--backend", "http://127.0.0.1:9",
-                          "--backend-kind", "llamacpp"])
-    lines = err.strip().splitlines()
-    assert code != 0 and out == "" and len(lines) == 1 and "renders only" in lines[0] and "Traceback" not in err
+
+def test_a_rendered_answer_parses_back_strictly_and_streams(tpl: xtml.Template, cases: list[Case]) -> None:
+    """Each assistant message of each request, as the model writes it after
+    the generation prompt (its stop: <|observation|> after calls, else
+    <|user|>), parses back strictly to the message, its arguments typed by
+    the request's tools, and streams to it in random groupings."""
+    vocab = vocabulary(tpl)
+    rng = random.Random(4)
+    counts = {"answers": 0, "with_calls": 0, "typed": 0}
+    for answer, want, req in last_turns(tpl, cases):
+        if want["role"] != "assistant":
+            continue  # an empty last answer, which reads as the generation prompt
+        tools = req.get("tools")
+        calls = want.get("tool_calls", [])
+        ids = answer + tpl.completion_ids("<|observation|>" if calls else "<|user|>", vocab)
+        assert tpl.parse(ids, vocab, completion=True, tools=tools) == want, req
+        parser = tpl.stream(vocab, lenient=False, tools=tools)
+        events: list[Any] = []
+        k = 0
+        while k < len(ids):
+            step = rng.randint(1, 7)
+            events += parser.feed_many(ids[k:k + step])
+            k += step
+        events += parser.close()
+        assert [e.message for e in events if e.type == "message_end"] == [want]
+        assert joined(events, "response") == want["content"]
+        assert joined(events, "think") == want.get("reasoning_content", "")
+        counts["answers"] += 1
+        counts["with_calls"] += bool(calls)
+        counts["typed"] += bool(calls and tools)
+    print(NAME, counts)
+    assert counts["answers"] >= 300 and counts["with_calls"] >= 60 and counts["typed"] >= 20
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "s": {"type": "string"}, "n": {"type": "integer"}, "o": {"type": "object"}, "e": {"enum": ["1", "2"]}}}}}]
+
+
+def answer_ids(tpl: xtml.Template, text: str) -> list[int]:
+    return tpl.completion_ids(text, vocabulary(tpl))
+
+
+def call(name: str, **pairs: str) -> str:
+    return f"\n<tool_call>{name}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+                                              for k, v in pairs.items()) + "</tool_call>"
+
+
+def test_values_are_typed_by_the_declared_schema(tpl: xtml.Template) -> None:
+    v = vocabulary(tpl)
+    ids = answer_ids(tpl, "\n<think>hm</think>\nSure." + call("f", s="42", n="42", o='{"a": [1]}', e="1", x="true",
+                                                                   y="plain") + "<|observation|>")
+    got = tpl.parse(ids, v, completion=True, tools=TOOLS)
+    assert got["reasoning_content"] == "hm" and got["content"] == "Sure."
+    assert json.loads(got["tool_calls"][0]["function"]["arguments"]) == {
+        "s": "42", "n": 42, "o": {"a": [1]}, "e": "1", "x": True, "y": "plain"}
+    # Without the schema: what reads as a JSON number, boolean, null, object or array is that value.
+    bare = tpl.parse(ids, v, completion=True)
+    assert json.loads(bare["tool_calls"][0]["function"]["arguments"])["s"] == 42
+    # A value that is not JSON of its declared type: refused strictly, withheld leniently.
+    bad = answer_ids(tpl, call("f", n="many") + "<|observation|>")
+    with pytest.raises(xtml.ParseError, match="'n' of tool call 1 is not JSON of its declared type"):
+        tpl.parse(bad, v, completion=True, tools=TOOLS)
+    got = tpl.parse(bad, v, completion=True, lenient=True, tools=TOOLS)
+    assert "tool_calls" not in got and [d["kind"] for d in got["diagnostics"]] == ["bad-argument"]
+
+
+def test_render_reports_what_reads_back_otherwise(tpl: xtml.Template) -> None:
+    """A string that reads back as a number where no schema says it is a
+    string, and an empty last answer written as the thinking-off prompt."""
+    req = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "g", "arguments": {"a": "7", "b": "x"}}}]}],
+        "add_generation_prompt": False}
+    r = tpl.render(req)
+    assert [(d.message, d.field) for d in r.dropped] == [(1, "tool_calls")] and "'a'" in r.dropped[0].why
+    assert tpl.parse(r.text) == tpl.normalize(req)
+    assert json.loads(tpl.normalize(req)["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"a": 7, "b": "x"}
+    # Declared a string: nothing to report, the string comes back.
+    typed = {**req, "tools": [{"type": "function", "function": {"name": "g", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}]}
+    assert tpl.render(typed).dropped == ()
+    assert tpl.parse(tpl.render(typed).text) == tpl.normalize(typed)
+    empty = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}],
+             "add_generation_prompt": False}
+    r = tpl.render(empty)
+    assert r.text.endswith("<|user|>\nq<|assistant|>\n<think></think>")  # the thinking-off prompt's text
+    assert [(d.message, d.field) for d in r.dropped] == [(1, "content")]
+    assert tpl.normalize(empty) == tpl.parse(r.text) == {
+        "messages": [{"role": "user", "content": "q"}], "add_generation_prompt": True, "enable_thinking": False}
+
+
+def test_hostile_answers_lose_nothing_silently(tpl: xtml.Template) -> None:
+    v = vocabulary(tpl)
+    # Marker text inside a value is text in ids: the value reads whole.
+    inside = v.encode_texts(["a </arg_value> <|observation|> b"])[0]
+    ids = answer_ids(tpl, "\n<think></think>" + "\n<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>") + inside + \
+        answer_ids(tpl, "</arg_value>\n</tool_call><|observation|>")
+    got = tpl.parse(ids, v, completion=True, tools=TOOLS)
+    assert json.loads(got["tool_calls"][0]["function"]["arguments"]) == {"s": "a </arg_value> <|observation|> b"}
+    # Cut inside a call: withheld and said, never half read.
+    cut = tpl.parse(answer_ids(tpl, "Sure." + call("f", s="x")[:-20]), v, completion=True, lenient=True)
+    assert "tool_calls" not in cut and cut["content"] == "Sure."
+    assert [d["kind"] for d in cut["diagnostics"]] == ["truncated", "truncated"]
+    with pytest.raises(xtml.ParseError):
+        tpl.parse(answer_ids(tpl, "Sure." + call("f", s="x")[:-20]), v, completion=True)
+    # A call, then text: the text is a repair, the call kept.
+    after = tpl.parse(answer_ids(tpl, call("f", s="x") + " and more<|observation|>"), v, completion=True,
+                      lenient=True)
+    assert len(after["tool_calls"]) == 1 and [d["kind"] for d in after["diagnostics"]] == ["stray-content"]
+    # A key given twice, pairs not as the format writes them: withheld with a diagnostic.
+    twice = call("f", s="x").replace("</tool_call>", "<arg_key>s</arg_key>\n<arg_value>y</arg_value>\n</tool_call>")
+    for text, kind in ((twice, "bad-call"), (call("f", s="x").replace("</arg_key>\n", "</arg_key>"), "bad-argument")):
+        got = tpl.parse(answer_ids(tpl, text + "<|observation|>"), v, completion=True, lenient=True)
+        assert "tool_calls" not in got and [d["kind"] for d in got["diagnostics"]] == [kind], text
+    # Two calls, one to a tool the request does not declare: both read (the caller checks names).
+    two = tpl.parse(answer_ids(tpl, "ok" + call("f", s="1") + call("unknown", q="[1]") + "<|observation|>"), v,
+                    completion=True, tools=TOOLS)
+    assert two["content"] == "ok" and [c["function"]["arguments"] for c in two["tool_calls"]] == [
+        '{"s": "1"}', '{"q": [1]}']
+    # A reasoning block cut off, and ids after the stop.
+    cut = tpl.parse(answer_ids(tpl, "\n<think>deep"), v, completion=True, lenient=True)
+    assert cut["reasoning_content"] == "deep" and [d["kind"] for d in cut["diagnostics"]] == ["truncated",
+                                                                                             "truncated"]
+    late = tpl.parse(answer_ids(tpl, "hi<|user|>more"), v, completion=True, lenient=True)
+    assert late["content"] == "hi" and [d["kind"] for d in late["diagnostics"]] == ["after-end"]
+
+
+def test_any_answer_streams_as_it_parses(tpl: xtml.Template) -> None:
+    check_any_answer_streams(tpl, [
+        "hm", " ok ", "\n", "é", "<think>", "</think>", "<tool_call>", "f\n", "<arg_key>", "k", "</arg_key>",
+        "<arg_value>", "1", "</arg_value>", "</tool_call>", "<|observation|>", "<|user|>", "<|system|>"])
+
+
+def test_short_answers_stream_alike_in_every_grouping(tpl: xtml.Template) -> None:
+    n = check_every_grouping(tpl, [
+        " <think>r </think>a ", "\n<think>x<tool_call></think>y<|user|>", " x <arg_key> y \n<|observation|>z",
+        "a \n<tool_call>f\n</tool_call>",
+        "<tool_call>f\n<arg_key>k</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"])
+    assert n >= 300

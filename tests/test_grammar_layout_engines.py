@@ -9,7 +9,8 @@ tokens are then text); the Kimi formats (calls in a section with ids of
 their spelling, Kimi K2 Thinking's reasoning block) over a vocabulary with
 every token of theirs one id; Llama 3.1 and DeepSeek V3.1 on the answers
 of tests/test_grammar_bare.py, over vocabularies with every token of
-theirs one id. The GBNF grammar goes to a real llama-server in
+theirs one id; GLM-4.6 on the answers of tests/test_grammar_glm46.py (its
+calls' key/value pairs in any order). The GBNF grammar goes to a real llama-server in
 tests/test_family_smollm2_engine.py."""
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tests.helpers.layout_grammar import (
     ANSWERS,
     BARE,
     BARE_ANSWERS,
+    GLM,
+    GLM_ANSWERS,
     KIMI,
     QWEN3,
     answer_ids,
@@ -55,7 +58,9 @@ def _match(tpl: Any, kind: str, answers: Answers | list[tuple[dict[str, Any], st
     cases: list[dict[str, Any]] = []
     keys: list[tuple[str, int, bool]] = []
     for fmt in FORMATS:
-        for k, (extra, answer, good) in enumerate(answers):
+        for k, case in enumerate(answers):
+            extra, good = case[0], case[2]
+            answer: Any = case[1]
             request = bare_request(extra)
             g = tpl.completion_grammar(request, v, format=fmt)
             entry = {"structural_tag": g} if fmt == "xgrammar-tag" else {"ebnf": g}
@@ -77,9 +82,13 @@ def _match(tpl: Any, kind: str, answers: Answers | list[tuple[dict[str, Any], st
     return answer["xgrammar"], [(*key, r) for key, r in zip(keys, answer["results"], strict=True)]
 
 
+def _wrong_stop(text: str) -> bool:
+    return text.endswith("</tool_call><|user|>") or (text.endswith("<|observation|>") and "<tool_call>" not in text)
+
+
 @pytest.mark.parametrize(("name", "kind"), [("qwen3", "qwen3"), ("qwen3", "chatml"), ("kimi-k2", "kimi-k2"),
                                            ("kimi-k2-thinking", "kimi-k2-thinking"), ("llama-3.1", "llama-3.1"),
-                                           ("deepseek-v3.1", "deepseek-v3.1")])
+                                           ("deepseek-v3.1", "deepseek-v3.1"), ("glm-4.6", "glm-4.6")])
 def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, kind: str) -> None:
     answers: Any
     if name in BARE:
@@ -87,6 +96,10 @@ def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, k
         # format's stops): content that ends with <|eom_id|>, which only the
         # llguidance grammar, holding the stop itself, refuses, is left out.
         tpl, answers = BARE[name], [a for a in BARE_ANSWERS[name] if a[1] != "It is sunny.<|eom_id|>"]
+    elif name == "glm-4.6":
+        # Likewise an answer refused for its stop alone (calls that end
+        # with <|user|>, content with <|observation|>) is left out.
+        tpl, answers = GLM, [a for a in GLM_ANSWERS if not _wrong_stop(a[1])]
     else:
         tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
     version, results = _match(tpl, kind, answers)

@@ -18,7 +18,10 @@ DIALECTS = {
     "qwen3": ("<think>", "</think>", "<|im_end|>", False),
     "kimi-k2-thinking": ("<think>", "</think>", "<|im_end|>", False),
     "deepseek-v3.1": ("<think>", "</think>", "<｜end▁of▁sentence｜>", True),
+    "glm-4.6": ("<think>", "</think>", "<|user|>", False),
 }
+LEADS = {"glm-4.6"}
+"""Dialects that write whitespace before the reasoning block."""
 
 
 @pytest.mark.parametrize("name", list(DIALECTS))
@@ -69,7 +72,9 @@ def test_any_answer_counts_what_its_parse_reads(name: str) -> None:
         # block opened by the prompt or by the answer's first piece; its
         # close, the first one in that text.
         body = chosen[:chosen.index(stop)] if stop in chosen else chosen
-        if not opened and body[:1] != [opening]:
+        # Where the format writes whitespace before the block, it opens after it.
+        lead = next((k for k, p in enumerate(body) if p.strip()), len(body)) if name in LEADS else 0
+        if not opened and body[lead:lead + 1] != [opening]:
             want = 0
         elif closing in body:
             want = n_ids(tpl, vocab, body[:body.index(closing) + 1])

@@ -40,6 +40,9 @@ def _answer(tpl: LayoutTemplate, vocab: Vocabulary, reps: int) -> list[int]:
 
 
 def _answer_ids(tpl: LayoutTemplate, vocab: Vocabulary, text: str) -> list[int]:
+    if not any(s in text for s in tpl.layout.stops):
+        # A turn no marker closes: the model ends it with the next turn's token.
+        text += next(s for s, meaning in tpl.layout.stops.items() if meaning == "end")
     at, stop = min((text.find(s), s) for s in tpl.layout.stops if s in text)
     return tpl.completion_ids(text[:at + len(stop)], vocab)
 

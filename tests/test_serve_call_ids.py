@@ -31,6 +31,8 @@ ANSWERS = {
     "kimi-k2-thinking": "<think>Two cities.</think>Checking." + KIMI_CALLS + "<|im_end|>",
     "kimi-k2": "Checking." + KIMI_CALLS + "<|im_end|>",
     "qwen3": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+    "glm-4.6": "\n<think>One city.</think>\nChecking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+               "<arg_value>7</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call><|observation|>",
 }
 
 
@@ -123,3 +125,27 @@ def test_a_format_that_writes_no_id_gets_the_gateways_own(gateways: dict[str, Ga
     assert len(ids) == 1 and ids[0].startswith("call_")
     streamed = _streamed_ids(g, "qwen3")
     assert len(streamed) == 1 and (streamed[0] or "").startswith("call_") and streamed != ids
+
+
+def test_arguments_written_untyped_are_typed_by_the_requests_tools(gateways: dict[str, Gateway]) -> None:
+    """GLM-4.6 writes each argument's value bare: the gateway reads them
+    back by the schemas of the request's tools, whole and streamed (a city
+    named "7" stays a string, the days a number); without the tools a
+    value that reads as a number is one."""
+    g = gateways["glm-4.6"]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    want = '{"city": "7", "days": 3}'
+    answer = g.client.chat.completions.create(model="glm-4.6", messages=ASK, tools=tools,  # type: ignore[arg-type]
+                                              max_tokens=200)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [c.function.arguments for c in choice.message.tool_calls or []] == [want]
+    assert (choice.message.model_extra or {}).get("reasoning_content") == "One city."
+    chunks: list[Any] = list(g.client.chat.completions.create(model="glm-4.6", messages=ASK, tools=tools,  # type: ignore[arg-type]
+                                                              max_tokens=200, stream=True))
+    streamed = "".join(tc.function.arguments or "" for c in chunks if c.choices
+                       for tc in c.choices[0].delta.tool_calls or [] if tc.function is not None)
+    assert streamed == want
+    assert g.t.parse(g.answer, g.vocab, completion=True)["tool_calls"][0]["function"]["arguments"] == \
+        '{"city": 7, "days": 3}'

@@ -411,7 +411,8 @@ def test_templates_json() -> None:
     assert [(r["name"], r["engine"]) for r in rows] == [("kimi-k3", "xtml"), ("xtml-base", "xtml"),
                                                         ("smollm2", "layout"), ("qwen3", "layout"),
                                                         ("llama-3.1", "layout"), ("deepseek-v3.1", "layout"),
-                                                        ("kimi-k2", "layout"), ("kimi-k2-thinking", "layout")]
+                                                        ("kimi-k2", "layout"), ("kimi-k2-thinking", "layout"),
+                                                        ("glm-4.6", "layout")]
     assert rows[0]["aliases"] == ["k3"] and all(Path(r["path"]).is_file() for r in rows)
 
 

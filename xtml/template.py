@@ -342,9 +342,10 @@ class Template:
         return to_segments([generation_prompt(self.dialect, on)], self.markers)
 
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,
-               lenient: bool = True) -> StreamParser:
+               lenient: bool = True, tools: Any = None) -> StreamParser:
         """A :class:`~xtml.stream.StreamParser` for what a model generates
-        after this template's generation prompt."""
+        after this template's generation prompt. ``tools``: the request's,
+        as :meth:`parse` reads them."""
         return StreamParser(self.dialect, self.bind(tokenizer), thinking=thinking, keep=keep, lenient=lenient)
 
     def conversation(self, tokenizer: TokenizerLike, messages: Sequence[Any] = (), *,
@@ -421,6 +422,7 @@ class Template:
         max_chars: int | None = None,
         prefill: Any = None,
         repaired_calls: bool = False,
+        tools: Any = None,
     ) -> dict[str, Any]:
         """Token ids (with their tokenizer) or text back to a request.
 
@@ -444,6 +446,11 @@ class Template:
         every later call of that message. ``repaired_calls=True`` keeps
         them. Parses of ids keep every call: a marker there is a special
         token, never quoted text.
+
+        ``tools`` (the request's) type the arguments of a format that writes
+        them untyped (GLM's key/value pairs: a ``string`` property's value
+        is its text, any other JSON); XTML writes arguments as JSON and
+        needs none.
         """
         limit = self.max_chars if max_chars is None else max_chars
         check_size(data, limit)  # before the tokenizer is loaded
@@ -637,9 +644,9 @@ class LayoutTemplate(Template):
         return b.finish()
 
     def stream(self, tokenizer: TokenizerLike, *, thinking: bool | None = None, keep: bool = True,  # type: ignore[override]
-               lenient: bool = True) -> layout_codec.LayoutStream:
+               lenient: bool = True, tools: Any = None) -> layout_codec.LayoutStream:
         self._read_back("stream")
-        return layout_codec.LayoutStream(self.layout, self.bind(tokenizer), keep=keep, lenient=lenient)
+        return layout_codec.LayoutStream(self.layout, self.bind(tokenizer), keep=keep, lenient=lenient, tools=tools)
 
     def conversation(self, tokenizer: TokenizerLike, messages: Sequence[Any] = (), *,
                      max_chars: int | None = None, unknown_keys: str = "error", **options: Any) -> Conversation:
@@ -676,6 +683,7 @@ class LayoutTemplate(Template):
         max_chars: int | None = None,
         prefill: Any = None,
         repaired_calls: bool = False,
+        tools: Any = None,
     ) -> dict[str, Any]:
         self._read_back("parse")
         limit = self.max_chars if max_chars is None else max_chars
@@ -685,4 +693,4 @@ class LayoutTemplate(Template):
         binding = self.bind(tokenizer) if tokenizer is not None and not isinstance(data, str) else None
         if binding is None and not isinstance(data, str):
             raise ParseError("parsing token ids needs the tokenizer", offset=0)
-        return layout_codec.parse(self.layout, binding, data, completion=completion, lenient=lenient)
+        return layout_codec.parse(self.layout, binding, data, completion=completion, lenient=lenient, tools=tools)

@@ -23,6 +23,8 @@ __all__ = [
     "BARE",
     "BARE_ANSWERS",
     "BUDGET",
+    "GLM",
+    "GLM_ANSWERS",
     "KIMI",
     "MAX_STEPS",
     "QWEN3",
@@ -33,6 +35,7 @@ __all__ = [
     "answer_ids",
     "bare_request",
     "enders",
+    "glm_answer_ids",
     "kimi_answers",
     "lltok",
     "numerals",
@@ -49,6 +52,9 @@ KIMI: dict[str, Any] = {name: xtml.load(name) for name in ("kimi-k2", "kimi-k2-t
 BARE: dict[str, Any] = {name: xtml.load(name) for name in ("llama-3.1", "deepseek-v3.1")}
 """Llama 3.1 (bare JSON calls, built-in calls, a stop that waits for
 results) and DeepSeek V3.1 (reasoning the prompt opens, string arguments)."""
+GLM: Any = xtml.load("glm-4.6")
+"""GLM-4.6: calls of key/value pairs, a reasoning block the model opens
+after a newline, content after one, ``<|observation|>`` after calls."""
 BUDGET = 120
 """Steps a walk takes at random before it prefers ending tokens."""
 MAX_STEPS = 3000
@@ -70,10 +76,13 @@ def vocab(kind: str) -> xtml.Vocabulary:
         return byte_vocabulary(KIMI[kind].layout.tokens)
     if kind in BARE:
         return byte_vocabulary(BARE[kind].layout.tokens)
+    if kind == "glm-4.6":
+        return byte_vocabulary(GLM.layout.tokens)
     return byte_vocabulary(QWEN3.layout.tokens if kind == "qwen3" else SMOLLM2.layout.tokens)
 
 
-STOP = {"llama-3.1": "<|eot_id|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>", "deepseek": "<｜end▁of▁sentence｜>"}
+STOP = {"llama-3.1": "<|eot_id|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>", "deepseek": "<｜end▁of▁sentence｜>",
+        "glm-4.6": "<|endoftext|>"}
 """The end-of-answer token of a vocabulary kind (ChatML's, but where named)."""
 
 
@@ -194,6 +203,28 @@ def answer_ids(tpl: xtml.Template, request: dict[str, Any], answer: dict[str, An
     return out[:out.index(stop) + 1]
 
 
+def glm_answer_ids(request: dict[str, Any], answer: dict[str, Any], v: xtml.Vocabulary) -> list[int]:
+    """The ids of ``answer`` as GLM-4.6 renders it after the request's
+    generation prompt (from the model's first id: the prompt's closed
+    reasoning block taken off where the answer starts with it), then the
+    stop the model writes: ``<|observation|>`` after calls, else
+    ``<|user|>``."""
+    base = {k: x for k, x in request.items() if k not in ("tool_choice", "response_format", "parallel_tool_calls")}
+    whole = GLM.encode({**base, "messages": [*base["messages"], {"role": "assistant", **answer}]}, v,
+                       add_generation_prompt=False)
+    prompt = GLM.encode(base, v)
+    opened = GLM.bind(v).token_ids["<|assistant|>"]
+    opening = prompt[:len(prompt) - prompt[::-1].index(opened)]
+    assert whole[:len(opening)] == opening
+    out = whole[len(opening):]
+    extra = prompt[len(opening):]
+    if out[:len(extra)] == extra:
+        out = out[len(extra):]
+    stop = v.special_id("<|observation|>" if answer.get("tool_calls") else "<|user|>")
+    assert stop is not None
+    return [*out, stop]
+
+
 def takes(grammar: str, kind: str, ids: list[int]) -> bool:
     m = llguidance.LLMatcher(lltok(kind), grammar, log_level=0)
     assert not m.is_error(), m.get_error()
@@ -273,6 +304,58 @@ BARE_ANSWERS: dict[str, list[tuple[dict[str, Any], str, bool]]] = {
         (_RF, "sunny" + _EOS, False),
     ],
 }
+
+
+_CITY = "<arg_key>city</arg_key>\n<arg_value>{}</arg_value>\n"
+_DAYS = "<arg_key>days</arg_key>\n<arg_value>{}</arg_value>\n"
+_PARIS_GLM = "\n<tool_call>get_weather\n" + _CITY.format("Paris") + _DAYS.format(3) + "</tool_call>"
+_NOW_GLM = "\n<tool_call>get_time\n</tool_call>"
+_OFF = {"enable_thinking": False}
+# (request options, the answer as text with the format's tokens spelled,
+# whether the grammar takes it), after a user's question with WEATHER and
+# TIME declared.
+GLM_ANSWERS: list[tuple[dict[str, Any], str, bool]] = [
+    ({}, "\n<think>Easy.</think>\nIt is sunny.<|user|>", True),
+    ({}, "\n<think></think>\nIt is sunny.<|endoftext|>", True),
+    # The model opens the block, after its newline, on every answer.
+    ({}, "\nIt is sunny.<|user|>", False),
+    ({}, "<think></think>\nIt is sunny.<|user|>", False),
+    # Thinking off: the prompt closed it.
+    (_OFF, "\nIt is sunny.<|user|>", True),
+    (_OFF, "\n<think>Hm.</think>\nIt is sunny.<|user|>", False),
+    (_OFF, "It is sunny.<|user|>", False),
+    # Calls wait for their results; content ends the answer.
+    (_OFF, _PARIS_GLM + "<|observation|>", True),
+    (_OFF, _PARIS_GLM + "<|user|>", False),
+    (_OFF, "\nIt is sunny.<|observation|>", False),
+    (_OFF, "\nLet me look.\n" + _PARIS_GLM[1:] + _NOW_GLM + "<|observation|>", True),
+    (_OFF, "\nLet me look." + _PARIS_GLM[1:] + "<|observation|>", False),
+    ({}, "\n<think>Call.</think>" + _NOW_GLM + "<|observation|>", True),
+    # Keys in any order, each once, the required ones present.
+    (_OFF, "\n<tool_call>get_weather\n" + _DAYS.format(3) + _CITY.format("Paris") + "</tool_call><|observation|>",
+     True),
+    (_OFF, "\n<tool_call>get_weather\n" + _CITY.format("a") + _CITY.format("b") + "</tool_call><|observation|>",
+     False),
+    (_OFF, "\n<tool_call>get_weather\n" + _DAYS.format(3) + "</tool_call><|observation|>", False),
+    (_OFF, "\n<tool_call>get_weather\n<arg_key>town</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+     "<|observation|>", False),
+    (_OFF, "\n<tool_call>get_weather\n" + _CITY.format("Paris") + _DAYS.format("three") + "</tool_call>"
+     "<|observation|>", False),
+    (_OFF, "\n<tool_call>get_weather\n" + _CITY.format(" Paris, \"FR\"\n") + "<arg_key>units</arg_key>\n"
+     "<arg_value>f</arg_value>\n</tool_call><|observation|>", True),
+    (_OFF, "\n<tool_call>get_weather\n" + _CITY.format("Paris") + "<arg_key>units</arg_key>\n"
+     "<arg_value>k</arg_value>\n</tool_call><|observation|>", False),
+    (_OFF, "\n<tool_call>search\n</tool_call><|observation|>", False),
+    ({**_OFF, "tool_choice": "required"}, "\nLet me look." + _NOW_GLM + "<|observation|>", False),
+    ({**_OFF, "tool_choice": "required"}, _NOW_GLM + "<|observation|>", True),
+    ({**_OFF, "tool_choice": "none"}, _NOW_GLM + "<|observation|>", False),
+    ({**_OFF, "parallel_tool_calls": False}, _NOW_GLM + _NOW_GLM + "<|observation|>", False),
+    ({**_OFF, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, _PARIS_GLM + "<|observation|>",
+     False),
+    ({**_OFF, **_RF}, '\n{"answer": "sunny", "score": 0.5}<|user|>', True),
+    ({**_OFF, **_RF}, '\n{"answer": "sunny"}' + _NOW_GLM + "<|observation|>", True),
+    ({**_OFF, **_RF}, "\nsunny<|user|>", False),
+]
 
 
 def bare_request(extra: dict[str, Any]) -> dict[str, Any]:

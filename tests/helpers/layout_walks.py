@@ -17,11 +17,23 @@ from hypothesis import strategies as st
 
 import xtml
 from tests.helpers.json_schemas import objects
-from tests.helpers.layout_grammar import BARE, BUDGET, KIMI, MAX_STEPS, QWEN3, enders, lltok, numerals, texts, vocab
+from tests.helpers.layout_grammar import (
+    BARE,
+    BUDGET,
+    GLM,
+    KIMI,
+    MAX_STEPS,
+    QWEN3,
+    enders,
+    lltok,
+    numerals,
+    texts,
+    vocab,
+)
 from xtml.chat.layout_request import name_of_id, spelled_id
 from xtml.codec.completion.layout_plan import may_spell_call
 
-__all__ = ["WALKED", "WALKS", "Case", "cases", "run_walks", "sample", "violation", "walk"]
+__all__ = ["WALKED", "WALKS", "Case", "cases", "glm_read", "run_walks", "sample", "violation", "walk"]
 
 WALKS = 2
 BUILTIN = ["brave_search", "wolfram_alpha"]
@@ -38,10 +50,10 @@ class Case:
 def cases(draw: st.DrawFn, tpl: xtml.Template) -> Case:
     request: dict[str, Any] = {"messages": [{"role": "user", "content": "go"}]}
     tools: dict[str, Any] = {}
-    if tpl is QWEN3 or tpl.name in KIMI or tpl.name in BARE:
+    if tpl is QWEN3 or tpl is GLM or tpl.name in KIMI or tpl.name in BARE:
         tools = draw(st.dictionaries(st.sampled_from(["f", "g_1", "h"]), objects(), min_size=1, max_size=2))
         request["tools"] = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in tools.items()]
-        if tpl is QWEN3:
+        if tpl is QWEN3 or tpl is GLM:
             request["enable_thinking"] = draw(st.booleans())
         choice = draw(st.sampled_from(["auto", "none", "required", "named"]))
         request["tool_choice"] = {"type": "function", "function": {"name": draw(st.sampled_from(sorted(tools)))}} \
@@ -129,6 +141,85 @@ def violation(case: Case, message: dict[str, Any]) -> str | None:
     return None
 
 
+def _glm_value(text: str, prop: Any) -> Any:
+    """A pair's value as the contract reads it (see :func:`glm_read`)."""
+    t = prop.get("type") if isinstance(prop, dict) else None
+    enum = prop.get("enum") if isinstance(prop, dict) else None
+    if t == "string" or (isinstance(t, list) and "string" in t) or \
+            (t is None and isinstance(enum, list) and enum and all(isinstance(x, str) for x in enum)):
+        return text
+    if t is not None or isinstance(enum, list):
+        return json.loads(text)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return text if isinstance(value, str) else value
+
+
+def glm_read(ids: list[int], v: xtml.Vocabulary, tools: Any) -> dict[str, Any]:
+    """A GLM-4.6 answer as its contract reads one, written apart from the
+    dialect's parse: ``\\n<think>`` reasoning ``</think>`` (stripped), then
+    content up to the first call (stripped), then calls, each
+    ``<tool_call>NAME\\n`` and pairs ``<arg_key>K</arg_key>\\n<arg_value>V
+    </arg_value>\\n`` to ``</tool_call>``, whitespace between them, then one
+    stop. Raises AssertionError on anything else."""
+    names = {i: t for t, i in GLM.bind(v).token_ids.items()}
+    pieces: list[str] = []  # a token's name, or text (tokens start with "<" or "[", text as "~" + text)
+    run: list[int] = []
+    for i in [*ids, -1]:
+        if i in names or i == -1:
+            if run:
+                pieces.append("~" + v.decode(run))
+                run = []
+            if i != -1:
+                pieces.append(names[i])
+        else:
+            run.append(i)
+    assert pieces and pieces[-1] in GLM.layout.stops and all(p not in GLM.layout.stops for p in pieces[:-1]), pieces
+    pieces.pop()
+    out: dict[str, Any] = {"role": "assistant"}
+
+    def text_at(k: int) -> tuple[str, int]:
+        return (pieces[k][1:], k + 1) if k < len(pieces) and pieces[k].startswith("~") else ("", k)
+
+    lead, k = text_at(0)
+    if k < len(pieces) and pieces[k] == "<think>" and not lead.strip():
+        reasoning, k = text_at(k + 1)
+        assert pieces[k] == "</think>", pieces
+        if reasoning.strip():
+            out["reasoning_content"] = reasoning.strip()
+        content, k = text_at(k + 1)
+    else:
+        content = lead
+    out["content"] = content.strip()
+    props = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") or {}
+             for t in tools or ()}
+    calls = []
+    while k < len(pieces):
+        assert pieces[k] == "<tool_call>", pieces
+        head, k = text_at(k + 1)
+        assert head.endswith("\n"), head
+        name, args = head[:-1], {}
+        while pieces[k] == "<arg_key>":
+            key, k = text_at(k + 1)
+            nl, k = text_at(k + 1)
+            assert pieces[k - 2] == "</arg_key>" and nl == "\n" and pieces[k] == "<arg_value>", pieces
+            value, k = text_at(k + 1)
+            assert pieces[k] == "</arg_value>" and key not in args, pieces
+            args[key] = _glm_value(value, props.get(name, {}).get(key))
+            nl, k = text_at(k + 1)
+            assert nl == "\n", pieces
+        assert pieces[k] == "</tool_call>", pieces
+        arguments = json.dumps(args, ensure_ascii=False)
+        calls.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+        gap, k = text_at(k + 1)
+        assert not gap.strip(), gap
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
 def walk(m: llguidance.LLMatcher, rng: random.Random, kind: str, spelled: tuple[str, ...],
          stops: frozenset[int]) -> list[int]:
     """A completion the matcher admits, token by token (as the walk of
@@ -179,7 +270,9 @@ def _going_on(v: xtml.Vocabulary, allowed: list[int], tail: str, spelled: tuple[
 def _grammar(case: Case, v: xtml.Vocabulary) -> str:
     """The case's grammar; where the format reads a JSON object of a call's
     keys as a call, a response_format whose JSON may hold one is refused
-    (then the walk goes on without it)."""
+    (then the walk goes on without it); where no tool the request must call
+    can be written, the request is refused (then the walk goes on under
+    ``auto``)."""
     rf = case.request.get("response_format")
     if case.tpl.name == "llama-3.1" and rf is not None:
         schema = rf["json_schema"]["schema"] if rf["type"] == "json_schema" else {"type": "object"}
@@ -191,6 +284,15 @@ def _grammar(case: Case, v: xtml.Vocabulary) -> str:
             else:
                 raise AssertionError("a response_format that may spell a call was taken")
             del case.request["response_format"]
+    if case.tpl is GLM and case.request.get("tool_choice") not in (None, "auto", "none"):
+        # A required argument whose schema gives no type, holding strings
+        # only: text that reads as JSON would read as JSON, so no pair holds
+        # it, and a request that must call such tools is refused by name.
+        try:
+            case.tpl.completion_grammar(case.request, v)
+        except xtml.OptionError as e:
+            assert e.option == "tool_choice" and "no declared tool can be called" in str(e), e
+            case.request["tool_choice"] = "auto"
     return case.tpl.completion_grammar(case.request, v)
 
 
@@ -204,10 +306,16 @@ def run_walks(case: Case, seed: int, kind: str, walks: int = WALKS) -> int:
         assert not m.is_error(), m.get_error()
         ids = walk(m, random.Random(seed * walks + k), kind, spelled, stops)
         try:
-            message = case.tpl.parse(ids, v, completion=True)
+            if case.tpl is GLM:
+                message = case.tpl.parse(ids, v, completion=True, tools=case.request.get("tools"))
+            else:
+                message = case.tpl.parse(ids, v, completion=True)
         except xtml.ParseError as e:
             raise AssertionError(f"strict parse: {e}\ncompletion: {v.decode(ids)!r}\n"
                                  f"request: {json.dumps(case.request)}") from None
+        if case.tpl is GLM:
+            # The dialect's parse and the contract's reader read the same.
+            assert glm_read(ids, v, case.request.get("tools")) == message, v.decode(ids)
         why = violation(case, message)
         assert why is None, f"{why}\ncompletion: {v.decode(ids)!r}\nrequest: {json.dumps(case.request)}"
     return walks

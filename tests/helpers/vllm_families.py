@@ -58,6 +58,20 @@ def _kimi_call(name: str, args: str, k: int) -> str:
     return f"<|tool_call_begin|>functions.{name}:{k}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
 
 
+def _glm_call(name: str, args: str, k: int) -> str:
+    """A GLM-4.6 call: each argument a pair (a string bare, else JSON);
+    arguments that are no JSON object are written as they are (malformed)."""
+    try:
+        value = json.loads(args)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        return f"\n<tool_call>{name}\n{args}</tool_call>"
+    pairs = "".join(f"<arg_key>{key}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
+                    for key, v in value.items())
+    return f"\n<tool_call>{name}\n{pairs}</tool_call>"
+
+
 FAMILIES = [
     Family("llama-3.1", "llama3_json+None", lambda n, a, k: f'{{"name": "{n}", "parameters": {a}}}', "%s",
            "<|eot_id|>", "<|python_tag|>", bare=True),
@@ -70,6 +84,7 @@ FAMILIES = [
     Family("kimi-k2-thinking", "kimi_k2+kimi_k2", _kimi_call,
            "<|tool_calls_section_begin|>%s<|tool_calls_section_end|>", "<|im_end|>", "<|tool_call_end|>",
            think=("<think>", "</think>")),
+    Family("glm-4.6", "glm45+glm45", _glm_call, "%s", "<|user|>", "</arg_value>", think=("\n<think>", "</think>")),
 ]
 # Qwen3 beside vLLM's hermes and qwen3 parsers: tests/test_vllm_layout.py
 # holds it on answers of its own; the bench reads it as it reads the others.
@@ -162,6 +177,11 @@ def generated(name: str) -> list[Case]:
             prompt = t.encode({**req, "messages": msgs[:-1], "add_generation_prompt": True}, v, **opts)
         except xtml.XtmlError:
             continue
+        if t.layout.open_turns and whole[:len(prompt)] == prompt and not end.intersection(whole[len(prompt):]):
+            # No marker closes the turn: the model ends it with the next
+            # turn's token, the results' after calls.
+            meaning = "tool_wait" if msgs[-1].get("tool_calls") else "end"
+            whole += t.completion_ids(next(k for k, m in t.layout.stops.items() if m == meaning), v)
         if whole[:len(prompt)] != prompt or not end.intersection(whole[len(prompt):]):
             continue  # the last message changes how the history is written
         last = max(k for k, i in enumerate(whole) if i in end)

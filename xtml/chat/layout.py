@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .layout_pattern import Pattern, token_char, token_finder
-from .layout_turn import TurnLayout
+from .layout_turn import TextOption, TurnLayout
 
-__all__ = ["DROP", "EACH", "HISTORY", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYSTEM", "TURN", "LayoutDialect",
-           "RoleFrame", "RoleLayout"]
+__all__ = ["DROP", "EACH", "HISTORY", "LAST_USER", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYSTEM", "TURN",
+           "LayoutDialect", "RoleFrame", "RoleLayout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,9 @@ SYSTEM = "system"
 TURN = "turn"
 EACH = "each"
 HISTORY = "history"
+LAST_USER = "last_user"
+"""``[tools] render``: declared before the last user message, and before
+each user message equal to it (as the official template compares them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +219,43 @@ class LayoutDialect:
     default_effort: str = ""
     thinking_off: tuple[str, ...] = ()
 
+    system_turn: Pattern | None = None
+    """The system turn, always written after :attr:`head` (slots ``system``,
+    the first system message's content, which it then holds, and each of
+    :attr:`text_options`; conditions ``has_system``, ``has_tools``: tools
+    given, even none)."""
+    text_options: Mapping[str, TextOption] = field(default_factory=dict)
+    """Options that are text (a format without ``[turns]``): a default, or
+    the day of the render as ``clock`` spells it."""
+    first_only: tuple[str, ...] = ()
+    """Roles written only as the first message; a later one is refused."""
+    tools_pair: Pattern | None = None
+    """With ``tools = "last_user"``: one key of a tool's ``function`` (slots
+    ``key``, ``value``: a string as it is, anything else as ``tojson``;
+    conditions ``first``, ``last``, ``string``), the ``tool`` slot of
+    :attr:`tools_each` every key so written."""
+    tools_skip: tuple[str, ...] = ()
+    """Keys of a tool's ``function`` :attr:`tools_pair` does not write."""
+    id_tail: int = 0
+    """Call ids and tool results' ``tool_call_id`` written as their last so
+    many characters; a shorter or absent one refused (0: as given)."""
+    calls_content: str = "keep"
+    """``drop``: an assistant's content beside its calls is not written."""
+
     @property
     def turns(self) -> bool:
         """Whether each message is a turn of its own that a token opens (no
         frame shared by a run of messages): read by the turn reader."""
         return self.tools == TURN or (bool(self.role_frames)
                                       and not any(f.group for f in self.role_frames.values()))
+
+    @property
+    def open_turns(self) -> bool:
+        """Whether every role has a frame of its own that no marker closes
+        (the token that opens the next turn ends it) and calls write their
+        arguments as pairs: read by :mod:`.layout_open`."""
+        return (self.call_pair is not None and not self.frame_close.items and set(self.role_frames) >= set(self.roles)
+                and not any(f.close.items for f in self.role_frames.values()))
 
     @property
     def tokens(self) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import layout_parse, layout_render, layout_turns
+from . import layout_open, layout_parse, layout_render, layout_turns
 from .layout import LayoutDialect
 from .layout_parse import Lexed
 from .layout_render import Rendering
@@ -20,13 +20,20 @@ __all__ = ["normal_form", "parse_completion", "parse_prompt", "render"]
 def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Rendering:
     if d.header_turns is not None:
         return layout_turns.render_turns(d, request, options)
-    return layout_render.render(d, request, options)
+    r = layout_render.render(d, request, options)
+    if d.open_turns:
+        more = layout_open.open_drops(d, request, options)
+        if more:
+            r = r._replace(dropped=(*r.dropped, *more))
+    return r
 
 
 def normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """The request as a parse of its render returns it."""
     if d.header_turns is not None:
         return layout_turns.normal_form_turns(d, request, options)
+    if d.open_turns:
+        return layout_open.normal_form_open(d, request, options)
     return layout_render.normal_form(d, request, options)
 
 
@@ -34,12 +41,17 @@ def parse_prompt(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
     """A whole rendered request back to its normal form."""
     if d.header_turns is not None:
         return layout_turns.parse_prompt_turns(d, lx)
+    if d.open_turns:
+        return layout_open.parse_prompt_open(d, lx)
     return layout_parse.parse_prompt(d, lx)
 
 
-def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> dict[str, Any]:
+def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool, tools: Any = None) -> dict[str, Any]:
     """What a model generated after the generation prompt, as one assistant
-    message."""
+    message; ``tools`` (the request's) type the arguments of a format that
+    writes them untyped."""
+    if d.open_turns:
+        return layout_open.parse_completion_open(d, lx, lenient=lenient, tools=tools)
     if d.header_turns is not None:
         return layout_turns.parse_completion_turns(d, lx, lenient=lenient)
     return layout_parse.parse_completion(d, lx, lenient=lenient)

@@ -20,6 +20,7 @@ from .layout import (
     DROP,
     EACH,
     HISTORY,
+    LAST_USER,
     MESSAGE_CONDS,
     REFUSE,
     STOP_MEANINGS,
@@ -30,7 +31,7 @@ from .layout import (
     RoleLayout,
 )
 from .layout_pattern import MAX_TOKENS, Cond, Item, Pattern
-from .layout_turn import KEEP, STRING, STRINGS, TURNS
+from .layout_turn import KEEP, STRING, STRINGS, TURNS, TextOption
 from .layout_turns_file import CALL_KEYS, build_turns
 from .template_file import Problem, check, check_toml, first_or, is_layout, read_template, run_checks
 
@@ -170,6 +171,7 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
             if v.get("alias"):
                 aliases[k] = v["alias"]
     conds = frozenset(options)
+    text_options = {} if "turns" in data else _text_options(c, op)
 
     fr = _table(c, data, "frame", required=True)
     c.keys(fr, ("open", "close"), "frame")
@@ -178,7 +180,7 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     frame_close = _pattern(c, _str(c, fr, "close", "frame"), tokens, frozenset(), conds, "frame.close")
 
     ro = _table(c, data, "roles", required=True)
-    c.keys(ro, ("accepted", "text", "body", "frame", "name", "flags", "alias"), "roles")
+    c.keys(ro, ("accepted", "text", "body", "frame", "name", "flags", "alias", "first_only"), "roles")
     role_names = _choice(c, ro, "name", "roles", (DROP, "text"), DROP) == "text"
     flags = _strings(c, ro, "flags", "roles")
     # What a message's frame and body may ask of it.
@@ -191,6 +193,9 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     bodies = _table(c, ro, "body", "roles")
     roles: dict[str, RoleLayout] = {}
     by_text: dict[str, str] = {}
+    first_only = _strings(c, ro, "first_only", "roles")
+    if any(r not in accepted for r in first_only):
+        c.add("first_only lists accepted roles, written only as the first message", "roles.first_only")
     for key, tab in (("text", texts), ("body", bodies)):
         for r in tab:
             if r not in accepted:
@@ -237,7 +242,15 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
             frames[r] = RoleFrame(fo, fc, group == "run")
 
     sy = _table(c, data, "system")
-    c.keys(sy, ("default", "with_tools", "hoist", "join", "head"), "system")
+    c.keys(sy, ("default", "with_tools", "hoist", "join", "head", "turn"), "system")
+    # The system turn, always written: the first system message, the text
+    # options, whether tools are given.
+    system_turn = _pattern(c, _str(c, sy, "turn", "system", "") or None, tokens,
+                           frozenset({"system", *text_options}), conds | {"has_system", "has_tools"}, "system.turn")
+    if system_turn is None and "turn" not in sy:
+        # Nothing else writes a text option: it is never silently ignored.
+        for k in text_options:
+            c.add("a string option is read by a format with a [turns] section or a [system] turn", f"options.{k}")
     hoist = _pattern(c, _str(c, sy, "hoist", "system", "") or None, tokens, frozenset({"system"}), conds,
                      "system.hoist", ("system",))
     head = _pattern(c, _str(c, sy, "head", "system", "") or None, tokens, frozenset(), conds, "system.head")
@@ -271,8 +284,10 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         # By role: { default = "join", tool = "refuse", with_calls = "refuse" };
         # "keep": the body writes the list itself.
         for r, v in given_parts.items():
-            if v not in (REFUSE, "join", KEEP) or (r not in ("default", "with_calls") and r not in accepted):
-                c.add("parts is \"refuse\", \"join\" or \"keep\", for default, with_calls and accepted roles",
+            if v not in (REFUSE, "join", KEEP, "first", "str") or (r not in ("default", "with_calls")
+                                                                    and r not in accepted):
+                c.add("parts is \"refuse\", \"join\", \"keep\", \"first\" (the first part's text) or \"str\" "
+                      "(Python's str() of the list), for default, with_calls and accepted roles",
                       f"content.parts.{r}")
             elif r != "default":
                 parts_by_role[r] = v
@@ -297,9 +312,10 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     else:
         missing = _choice(c, co, "missing", "content", (REFUSE, "empty"), REFUSE)
     policies: dict[str, str] = {}
-    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS),
+    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS, LAST_USER),
              "reasoning": (DROP, HISTORY)}
-    extra = {"calls": ("each", "section", "ids", "id", "pair", *CALL_KEYS), "tools": ("each", "block", "turn"),
+    extra = {"calls": ("each", "section", "ids", "id", "pair", "id_tail", *CALL_KEYS),
+             "tools": ("each", "block", "turn", "pair", "skip"),
              "reasoning": ("show", "query_excludes", "last", "split", "block", "opened")}
     tabs: dict[str, dict[str, Any]] = {}
     for section, allowed in kinds.items():
@@ -340,6 +356,26 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
                                "tools.block", ("tools",))
         with_tools = _pattern(c, _str(c, sy, "with_tools", "system"), tokens, frozenset({"system", "tools"}),
                               conds | {"has_system"}, "system.with_tools", ("tools",))
+    tools_pair = None
+    tools_skip: tuple[str, ...] = ()
+    if policies["tools"] == LAST_USER:
+        tt = tabs["tools"]
+        tools_each = _pattern(c, _str(c, tt, "each", "tools"), tokens, frozenset({"tool"}), conds | {"first", "last"},
+                              "tools.each", ("tool",))
+        tools_block = _pattern(c, _str(c, tt, "block", "tools"), tokens, frozenset({"tools"}), conds, "tools.block",
+                               ("tools",))
+        # A tool's function key by key (slot tool: every key so written),
+        # else its JSON.
+        tools_pair = _pattern(c, _str(c, tt, "pair", "tools", "") or None, tokens, frozenset({"key", "value"}),
+                              conds | {"first", "last", "string"}, "tools.pair", ("key", "value"))
+        tools_skip = _strings(c, tt, "skip", "tools")
+    elif "pair" in tabs["tools"] or "skip" in tabs["tools"]:
+        c.add("pair and skip are read with render = \"last_user\"", "tools")
+    id_tail = ct.get("id_tail", 0)
+    if type(id_tail) is not int or not 0 <= id_tail <= 256 or (id_tail and call_ids != "given"):
+        c.add("id_tail is an integer from 1 to 256, read with ids = \"given\"", "calls.id_tail")
+        id_tail = 0
+    calls_content = "keep" if "turns" in data else _choice(c, ct, "content", "calls", ("keep", DROP), "keep")
     tools_turn_each = None
     if policies["tools"] == TURN:
         tools_turn = _pattern(c, _str(c, tabs["tools"], "turn", "tools"), tokens, frozenset({"tools"}), conds,
@@ -381,10 +417,23 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     # What render writes and no reader reads yet: the readers refuse the
     # dialect by these names.
     asks_text = "assistant" in roles and _asks(roles["assistant"].body.items, frozenset({"has_text"}))
+    # Turns that no marker closes, with calls as pairs, have a reader of
+    # their own (.layout_open) that reads these five.
+    unread = not (call_pair is not None and not frame_close.items and set(frames) >= set(roles)
+                  and not any(f.close.items for f in frames.values()))
     render_only = tuple(what for what, used in (
-        ("a head", head is not None), ("tools declared one by one in their own turn", tools_turn_each is not None),
-        ("a suffix added to content", suffix is not None), ("arguments as key/value pairs", call_pair is not None),
-        ("content written where it holds more than whitespace", asks_text))
+        ("a head", head is not None and unread),
+        ("tools declared one by one in their own turn", tools_turn_each is not None and unread),
+        ("a suffix added to content", suffix is not None and unread),
+        ("arguments as key/value pairs", call_pair is not None and unread),
+        ("content written where it holds more than whitespace", asks_text and unread),
+        ("a system turn of its own", system_turn is not None), ("text options", bool(text_options)),
+        ("a role written only first", bool(first_only)),
+        ("tools declared before the last user message", policies["tools"] == LAST_USER),
+        ("call ids cut to their last characters", bool(id_tail)),
+        ("the content beside calls left out", calls_content == DROP),
+        ("the first part of a content list", "first" in parts_by_role.values()),
+        ("a content list as Python's str()", "str" in parts_by_role.values()))
         if used)
     if turns is not None:
         # The writer of [turns] formats writes none of these.
@@ -410,7 +459,8 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         reasoning_block=pairs["block"], system_hoist=hoist, system_join=join, flags=flags,
         message_conds=message_conds, content_cut=cut, reasoning_opened=pairs["opened"], option_aliases=aliases,
         parseable=parseable, head=head, tools_turn_each=tools_turn_each, content_suffix=suffix, call_pair=call_pair,
-        render_only=render_only)
+        render_only=render_only, system_turn=system_turn, text_options=text_options, first_only=first_only,
+        tools_pair=tools_pair, tools_skip=tools_skip, id_tail=id_tail, calls_content=calls_content)
 
 
 def _suffix(c: Checker, tab: Any, accepted: Sequence[str], tokens: Sequence[str],
@@ -433,6 +483,25 @@ def _suffix(c: Checker, tab: Any, accepted: Sequence[str], tokens: Sequence[str]
         c.add(e.msg, "content.suffix.when")
         return None
     return role, text, when
+
+
+def _text_options(c: Checker, op: dict[str, Any]) -> dict[str, TextOption]:
+    """The ``string`` options of a format without ``[turns]``: ``{ type =
+    "string", default = "text" }``, or ``clock = "%Y-%m-%d"`` for the day of
+    the render (a template that reads the clock)."""
+    out: dict[str, TextOption] = {}
+    for k, v in op.items():
+        if not isinstance(v, dict) or v.get("type") != STRING:
+            continue
+        c.keys(v, ("type", "default", "clock"), f"options.{k}")
+        default, clock = v.get("default"), v.get("clock", "")
+        if (default is None) == (not clock) or not isinstance(default, str | None) or not isinstance(clock, str) \
+                or (clock and "%" not in clock):
+            c.add("a string option is { type = \"string\", default = \"text\" } or { type = \"string\", clock = "
+                  "\"%Y-%m-%d\" } (the day of the render)", f"options.{k}")
+        else:
+            out[k] = TextOption(k, STRING, default, clock=clock)
+    return out
 
 
 def _asks(items: tuple[Item, ...], names: frozenset[str]) -> bool:

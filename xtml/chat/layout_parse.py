@@ -530,6 +530,12 @@ class _Shape(NamedTuple):
     opened: bool = False
     """The generation prompt opens the reasoning block: text before its
     closing token is reasoning."""
+    trim: bool = False
+    """Content and reasoning are read with all their surrounding whitespace
+    stripped (not only newlines)."""
+    lead: bool = False
+    """Whitespace before the reasoning block is the format's: the block may
+    open after it."""
 
     @property
     def calls_open(self) -> str | None:

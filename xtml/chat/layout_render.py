@@ -4,12 +4,12 @@ and its normal form: what a parse of that render gives back."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import OptionError
 from ..markup.segments import Segment
-from .layout import EACH, HISTORY, SYSTEM, TURN, LayoutDialect
+from .layout import EACH, HISTORY, LAST_USER, SYSTEM, TURN, LayoutDialect
 from .layout_parse import read_back
 from .layout_pattern import Builder, Pattern, Value, holds
 from .layout_request import Dropped, Msg, name_of_id, read_request
@@ -36,6 +36,9 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
     start = 0
     if d.head is not None:
         d.head.render({}, conds, b)
+    if d.system_turn is not None:
+        start = _system_turn(d, msgs, resolved, opts, conds, b)
+    declaration = _before_last_user(d, msgs, opts, conds, dropped)
     if tools and d.tools == TURN:
         assert d.tools_turn is not None
         d.tools_turn.render({"tools": _declared_one_by_one(d, _tool_list(tools), conds)
@@ -76,6 +79,8 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
             _hidden_flags(d, m, conds, dropped)
             if m.role != "system":
                 prev = m.role
+        if declaration is not None and m.role == "user" and m.raw == declaration[0]:
+            declaration[1](b)
         frame = d.role_frames.get(m.role)
         if frame is None:
             opening, closing, group = d.frame_open, d.frame_close, False
@@ -96,6 +101,8 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
         if d.message_conds:
             conds = plain
     if resolved["add_generation_prompt"]:
+        if not d.prompt.items:
+            dropped.append(Dropped(-1, "add_generation_prompt", f"the {d.name} format writes no generation prompt"))
         if d.message_conds:
             conds = {**conds, "after_user": prev == "user", "after_tool": prev == "tool"}
             if not _written(d.prompt, conds):
@@ -103,6 +110,71 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
                                                                     f"prompt after a {prev or 'system'} message"))
         d.prompt.render({}, conds, b)
     return Rendering(b.finish(), tuple(dropped), resolved, opts)
+
+
+def _system_turn(d: LayoutDialect, msgs: Sequence[Msg], resolved: Mapping[str, Any], opts: Mapping[str, Any],
+                 conds: Mapping[str, bool], b: Builder) -> int:
+    """Writes the format's own system turn; the index of the first message
+    left to write (past the system message it holds)."""
+    turn = d.system_turn
+    assert turn is not None
+    has_system = msgs[0].role == "system"
+    values: dict[str, Value] = {"system": msgs[0].content if has_system else ""}
+    values.update({k: resolved[k] for k in d.text_options})
+    turn.render(values, {**conds, "has_system": has_system, "has_tools": opts.get("tools") is not None}, b)
+    return int(has_system)
+
+
+def _before_last_user(d: LayoutDialect, msgs: Sequence[Msg], opts: Mapping[str, Any], conds: Mapping[str, bool],
+                      dropped: list[Dropped]) -> tuple[Mapping[str, Any] | None, Callable[[Builder], None]] | None:
+    """The last user message as given and the writer of the declaration
+    that goes before it (and before each user message equal to it), where
+    the format declares tools so."""
+    given = opts.get("tools")
+    if d.tools != LAST_USER or given is None:
+        return None
+    tools = _tool_list(given)
+    last = next((m for m in reversed(msgs) if m.role == "user"), None)
+    if last is None:
+        if tools:
+            dropped.append(Dropped(-1, "tools", f"the {d.name} format declares tools before the last user message, "
+                                                "and there is none"))
+        return None
+    functions: list[Mapping[str, Any]] = []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(fn, Mapping):
+            raise OptionError(f"the {d.name} format writes each tool's function: a tool is "
+                              "{\"type\": \"function\", \"function\": {...}}", option="tools")
+        functions.append(fn)
+    each, block, pair = d.tools_each, d.tools_block, d.tools_pair
+    assert each is not None and block is not None
+    texts: list[Value] = [_tojson(fn) if pair is None else _function_pairs(d, fn, conds) for fn in functions]
+    n = len(texts)
+
+    def each_tool(out: Builder) -> None:
+        for k, text in enumerate(texts):
+            each.render({"tool": text}, {**conds, "first": k == 0, "last": k == n - 1}, out)
+
+    def declared(out: Builder) -> None:
+        block.render({"tools": each_tool}, conds, out)
+    return last.raw, declared
+
+
+def _function_pairs(d: LayoutDialect, fn: Mapping[str, Any], conds: Mapping[str, bool]) -> Value:
+    """A tool's function key by key: a string value as it is, any other as
+    tojson writes it; the keys the format skips left out."""
+    pair = d.tools_pair
+    assert pair is not None
+    items = [(str(k), v if isinstance(v, str) else _tojson(v)) for k, v in fn.items() if k not in d.tools_skip]
+    strings = [isinstance(v, str) for k, v in fn.items() if k not in d.tools_skip]
+    n = len(items)
+
+    def write(out: Builder) -> None:
+        for j, (k, v) in enumerate(items):
+            pair.render({"key": k, "value": v}, {**conds, "first": j == 0, "last": j == n - 1, "string": strings[j]},
+                        out)
+    return write
 
 
 def _declared_one_by_one(d: LayoutDialect, tools: list[Any], conds: Mapping[str, bool]) -> Value:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from ..errors import MessageError, OptionError, RequestError, shown
 from ..lru import Lru
-from .layout import EACH, HISTORY, REFUSE, SYSTEM, TURN, LayoutDialect
+from .layout import DROP, EACH, HISTORY, LAST_USER, REFUSE, SYSTEM, TURN, LayoutDialect
 from .layout_pattern import Builder, Lit, Slot
 from .layout_turn import KEEP, TURNS
 from .request import OPTION_NAMES, split_request
@@ -83,11 +84,19 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
         if not isinstance(v, bool):
             raise OptionError(f"{key} must be true or false", option=key)
         resolved[key] = v
+    for key, o in d.text_options.items():
+        v = opts.get(key)
+        if v is None:
+            # A template that reads the clock writes the day it renders on.
+            v = o.default if o.default is not None else datetime.now().strftime(o.clock)
+        if not isinstance(v, str):
+            raise OptionError(f"{key} must be a string", option=key)
+        resolved[key] = v
     for key in ("tools", "tool_choice", "response_format", "response_schema", "thinking", "enable_thinking",
                 "thinking_effort", "reasoning_effort", "image_prompts"):
         if key in resolved or key in d.option_aliases.values() or opts.get(key) in (None, [], {}):
             continue
-        if key == "tools" and d.tools in (SYSTEM, TURN, TURNS):
+        if key == "tools" and d.tools in (SYSTEM, TURN, TURNS, LAST_USER):
             continue
         if key == "tools" and d.tools == REFUSE:
             raise OptionError(f"the {d.name} format has no place for tools", option="tools")
@@ -107,8 +116,20 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
         if role not in d.roles:
             raise MessageError(f"role {shown(role)} is not one of this format's: {', '.join(d.roles)}", index=i,
                                path="role")
+        if role in d.first_only and i > 0:
+            raise MessageError(f"the {d.name} format writes a {role} message only first (the template raises on a "
+                               "later one)", index=i, path="role")
         content = m.get("content")
         parts: tuple[str | None, ...] = ()
+        if d.calls_content == DROP and role == "assistant" and m.get("tool_calls") == []:
+            # Read as a message with calls, of which it has none to write.
+            raise MessageError(f"the {d.name} format writes an assistant message with tool_calls as its calls: give "
+                               "at least one, or no tool_calls", index=i, path="tool_calls")
+        if d.calls_content == DROP and role == "assistant" and m.get("tool_calls"):
+            # Never read beside calls, whatever it holds.
+            if content not in (None, "", [], ()):
+                dropped.append(Dropped(i, "content", f"the {d.name} format does not write content beside calls"))
+            content = ""
         if content is None:
             if d.missing_by_role.get(role, d.content_missing) == REFUSE:
                 why = " (an assistant's tool calls are not written by this format; give content, even \"\")" \
@@ -118,6 +139,10 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
             content = ""
         elif isinstance(content, list | tuple) and d.parts_by_role.get(role) == KEEP:
             content = ""  # the body writes the list itself, from raw
+        elif isinstance(content, list | tuple) and d.parts_by_role.get(role) == "str":
+            content = str(list(content))  # as the template's |string writes a list: Python's str()
+        elif isinstance(content, list | tuple) and d.parts_by_role.get(role) == "first":
+            content = _first_part(d, content, i, dropped)
         elif isinstance(content, list | tuple):
             policy = d.parts_by_role.get("with_calls") if role == "assistant" and m.get("tool_calls") else None
             if (policy or d.parts_by_role.get(role, d.content_parts)) == REFUSE:
@@ -157,6 +182,10 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
             if not isinstance(call_id, str):
                 raise MessageError("tool_call_id must be a string", index=i, path="tool_call_id")
             _surrogates(call_id, i)
+        if d.id_tail and "tool_call_id" in d.roles[role].body.slots():
+            call_id = _tail(d, call_id if "tool_call_id" in m else None, i, "tool_call_id")
+            if len(m["tool_call_id"]) > d.id_tail:
+                dropped.append(Dropped(i, "tool_call_id", f"an id is written as its last {d.id_tail} characters"))
         flags: set[str] = set()
         for f in d.flags:
             if f in m:
@@ -235,6 +264,12 @@ def _calls_with_ids(d: LayoutDialect, raw: Any, i: int, dropped: list[Dropped]) 
         calls = tuple((name, json.dumps(_given_arguments(raw[j]), ensure_ascii=False))
                       for j, (name, _) in enumerate(calls))
     given = [_given_id(c, i, j) for j, c in enumerate(raw)]
+    if d.id_tail:
+        tails = [_tail(d, g if c.get("id") is not None else None, i, f"tool_calls[{j}].id")
+                 for j, (g, c) in enumerate(zip(given, raw, strict=True))]
+        if any(len(g) > d.id_tail for g in given):
+            dropped.append(Dropped(i, "tool_calls.id", f"an id is written as its last {d.id_tail} characters"))
+        given = tails
     if d.call_ids == "generated":
         assert d.call_id is not None
         ids = tuple(spelled_id(d, name, j) for j, (name, _) in enumerate(calls))
@@ -277,6 +312,31 @@ def _pair_arguments(d: LayoutDialect, raw: Any, i: int) -> Any:
         fn = {**fn, "arguments": dict(args)}
         out.append({**call, "function": fn} if "function" in call else fn)
     return out
+
+
+def _tail(d: LayoutDialect, given: str | None, i: int, path: str) -> str:
+    """An id as a format that keeps its last :attr:`~.layout.LayoutDialect.id_tail`
+    characters writes it; a shorter or absent one is refused, as the
+    template raises on it."""
+    n = d.id_tail
+    if given is None or len(given) < n:
+        what = "no id" if given is None else f"the id {shown(given)}"
+        raise MessageError(f"the {d.name} format writes an id's last {n} characters: {what} has fewer (the template "
+                           "raises on it)", index=i, path=path)
+    return given[-n:]
+
+
+def _first_part(d: LayoutDialect, parts: Sequence[Any], i: int, dropped: list[Dropped]) -> str:
+    """The first part's text, as a template that reads ``content[0]['text']``
+    takes it; the other parts are not written."""
+    first = parts[0] if parts else None
+    if not isinstance(first, Mapping) or not isinstance(first.get("text"), str):
+        raise MessageError(f"the {d.name} format writes the first part's text: give it a text part first",
+                           index=i, path="content[0]")
+    dropped.extend(Dropped(i, f"content[{j}]", "only the first part of a list is written")
+                   for j in range(1, len(parts)))
+    text: str = first["text"]
+    return text
 
 
 def _given_arguments(call: Mapping[str, Any]) -> Any:
@@ -360,7 +420,8 @@ def _own_options(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
     keyword options: the keyword ones win, then ``chat_template_kwargs``,
     as for every option."""
     turn_options = d.header_turns.options if d.header_turns is not None else ()
-    names = [k for k in (*d.options, *d.option_aliases.values(), *turn_options) if k not in OPTION_NAMES]
+    names = [k for k in (*d.options, *d.option_aliases.values(), *turn_options, *d.text_options)
+             if k not in OPTION_NAMES]
     own: dict[str, Any] = {}
     if not names:
         return request, options, own

@@ -40,6 +40,9 @@ class TextOption:
     """A ``string``'s default; a ``strings`` option is absent unless given."""
     join: str = ", "
     omit: tuple[str, ...] = ()
+    clock: str = ""
+    """A ``string`` with no default: the day of the render, as ``strftime``
+    spells it with this format (a template that reads the clock)."""
 
 
 @dataclass(frozen=True, slots=True)

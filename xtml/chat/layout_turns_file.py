@@ -28,12 +28,13 @@ def build_turns(c: Any, data: Mapping[str, Any], tokens: tuple[str, ...], bools:
     if tab is None:
         # What only a [turns] format reads is never silently ignored.
         for name, v in (data.get("options") or {}).items():
-            if isinstance(v, dict) and v.get("type") in (STRING, STRINGS):
+            # (A string option is read by every format.)
+            if isinstance(v, dict) and v.get("type") == STRINGS:
                 c.add(f"a {v['type']} option is read by a format with a [turns] section", f"options.{name}")
         calls = data.get("calls")
         for key in CALL_KEYS:
-            # (arguments is read by every format with calls.)
-            if isinstance(calls, dict) and key in calls and key != "arguments":
+            # (arguments and content are read by every format with calls.)
+            if isinstance(calls, dict) and key in calls and key not in ("arguments", "content"):
                 c.add(f"{key!r} is read by a format with a [turns] section", f"calls.{key}")
         return None
     if not isinstance(tab, dict):

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..chat.layout import LayoutDialect
 from ..chat.layout_engine import parse_completion, parse_prompt
+from ..chat.layout_open import open_shape
 from ..chat.layout_parse import Lexed, first_of, shape
 from ..chat.layout_pattern import TOKEN_BASE, Slot
 from ..errors import ParseError, shown
@@ -35,7 +36,7 @@ def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]
     stop token when it never closes, none when it has none (the block does
     not open the answer, or the prompt opened it and it closes after the
     stop token or never)."""
-    sh = shape(d)
+    sh = open_shape(d) if d.open_turns else shape(d)
     if sh.think is None or d.header_turns is not None:
         return 0
     try:
@@ -47,9 +48,11 @@ def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]
     stop_at = first_of(s, sh.stops)
     body = s if stop_at < 0 else s[:stop_at]
     opening, closing = sh.think
-    if not sh.opened and body[:1] != opening:
+    # (Where the format writes whitespace first, the block opens after it.)
+    start = len(body) - len(body.lstrip()) if sh.lead else 0
+    if not sh.opened and body[start:start + 1] != opening:
         return 0
-    ci = body.find(closing)
+    ci = body.find(closing, start)
     if ci >= 0:
         return lx.offset(ci) + 1
     if sh.opened:
@@ -109,7 +112,7 @@ def lex_ids(binding: TokenBinding, ids: Sequence[int]) -> Lexed:
 
 
 def parse(d: LayoutDialect, binding: TokenBinding | None, data: Sequence[int] | str, *, completion: bool,
-          lenient: bool) -> dict[str, Any]:
+          lenient: bool, tools: Any = None) -> dict[str, Any]:
     if isinstance(data, str):
         lx = lex_text(d, data)
         source: str | None = data
@@ -120,7 +123,7 @@ def parse(d: LayoutDialect, binding: TokenBinding | None, data: Sequence[int] | 
         source = None
     try:
         if completion:
-            return parse_completion(d, lx, lenient=lenient)
+            return parse_completion(d, lx, lenient=lenient, tools=tools)
         if lenient:
             raise ParseError("a lenient parse of a whole conversation is not yet available for layout dialects "
                              "(a completion's is: completion=True)", offset=0)
@@ -146,7 +149,7 @@ class _RichLive:
         self.sh = sh
         self.state = "begin"  # begin, think, content, calls
         self.held = ""
-        self.skip = False  # leading newlines are not text here
+        self.skip = False  # leading newlines (all whitespace, where trimmed) are not text here
 
     def _channel(self) -> str:
         return "think" if self.state == "think" else "response"
@@ -154,8 +157,11 @@ class _RichLive:
     def text(self, s: str, at: int, out: list[StreamEvent]) -> None:
         if self.state == "calls":
             return
+        trim = self.sh.trim
         if self.state == "begin":
-            self.state = "content"
+            if self.sh.lead and not s.strip():
+                return  # the format's own whitespace: the reasoning block may still open
+            self.state, self.skip = "content", trim
             out.append(StreamEvent("channel_start", at, "response"))
         if self.sh.exact:
             # Written as is: no newline is the format's own.
@@ -163,12 +169,12 @@ class _RichLive:
                 out.append(StreamEvent("text", at, self._channel(), s))
             return
         if self.skip:
-            s = s.lstrip("\n")
+            s = s.lstrip() if trim else s.lstrip("\n")
             if not s:
                 return
             self.skip = False
         s = self.held + s
-        body = s.rstrip("\n")
+        body = s.rstrip() if trim else s.rstrip("\n")
         self.held = s[len(body):]
         if body:
             out.append(StreamEvent("text", at, self._channel(), body))
@@ -181,7 +187,7 @@ class _RichLive:
                 out.append(StreamEvent("channel_start", at, "think"))
                 return
             # Only the first token can open the reasoning block.
-            self.state = "content"
+            self.state, self.skip = "content", self.sh.trim
             out.append(StreamEvent("channel_start", at, "response"))
         if self.state == "think":
             if think is not None and c == think[1]:
@@ -192,7 +198,7 @@ class _RichLive:
         elif self.state == "content":
             if call is not None and c == self.sh.calls_open:
                 sep = call[3]
-                held = self.held[:-len(sep)] if sep and self.held.endswith(sep) else self.held
+                held = "" if self.sh.trim else self.held[:-len(sep)] if sep and self.held.endswith(sep) else self.held
                 if held:
                     out.append(StreamEvent("text", at, "response", held))
                 self.held = ""
@@ -200,7 +206,11 @@ class _RichLive:
             else:
                 # Out of place (the message's diagnostics say so): it ends
                 # the newlines that follow a reasoning block, and the held
-                # ones are not the separator before a call.
+                # ones are not the separator before a call. (Trimmed
+                # content: left out, the token joins what is around it,
+                # and the held whitespace waits for text after it.)
+                if self.sh.trim:
+                    return
                 self.skip = False
                 if self.held:
                     out.append(StreamEvent("text", at, "response", self.held))
@@ -209,7 +219,7 @@ class _RichLive:
     def finish(self, at: int, out: list[StreamEvent], message: Any = None) -> None:
         if self.state == "think":
             out.append(StreamEvent("channel_end", at, "think"))  # cut off: its newlines are stripped
-        elif self.state == "content" and self.held:
+        elif self.state == "content" and self.held and not self.sh.trim:
             out.append(StreamEvent("text", at, "response", self.held))
         self.held = ""
 
@@ -222,8 +232,10 @@ class LayoutStream:
     """Streaming parse of what a model generates after a layout dialect's
     generation prompt (the :class:`~xtml.StreamParser` API)."""
 
-    def __init__(self, d: LayoutDialect, binding: TokenBinding, *, keep: bool = True, lenient: bool = True) -> None:
+    def __init__(self, d: LayoutDialect, binding: TokenBinding, *, keep: bool = True, lenient: bool = True,
+                 tools: Any = None) -> None:
         self._d = d
+        self._tools = tools
         self._b = binding
         self._lenient = lenient
         self._keep = keep
@@ -246,7 +258,7 @@ class LayoutStream:
             and not body[0].codec and bool(self._bytes)
         # An answer with reasoning and calls streams its reasoning and
         # content as they come when every token of it is an id here.
-        sh = shape(d)
+        sh = open_shape(d) if d.open_turns else shape(d)
         self._rich: _RichLive | TurnsLive | None = None
         # (Not where the prompt may open the reasoning block: only its close
         # says the text before it was reasoning.)
@@ -392,10 +404,10 @@ class LayoutStream:
     def _message(self) -> dict[str, Any]:
         """The batch parse of every id fed."""
         if not self._lexing:
-            return parse(self._d, self._b, self._ids, completion=True, lenient=self._lenient)
+            return parse(self._d, self._b, self._ids, completion=True, lenient=self._lenient, tools=self._tools)
         s = "".join(self._pieces)
         lx = Lexed(s, locate(self._starts, self._offsets, len(self._ids), s))
-        return parse_completion(self._d, lx, lenient=self._lenient)
+        return parse_completion(self._d, lx, lenient=self._lenient, tools=self._tools)
 
     def _end(self, out: list[StreamEvent], stop: int | None) -> None:
         at = len(self._ids)

@@ -395,6 +395,10 @@ def encode_layout_example(d: LayoutDialect, binding: TokenBinding, request: Any,
         if rules.end and m.close >= 0:
             stop = next((k for k in range(m.close, m.end) if text[k] in stops), -1)
             train_range(m.body_end, stop + 1 if stop >= 0 else m.end)
+            if d.open_turns and m.role == "assistant" and m.end < len(text) and text[m.end] in stops:
+                # No marker closes the turn: the model ends it by writing
+                # the token that opens the next (the user's, the results').
+                train_range(m.end, m.end + 1)
 
     spans: list[Span] = []
     for m in msgs:

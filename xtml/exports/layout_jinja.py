@@ -12,7 +12,9 @@ of :func:`~xtml.chat.layout_render.render` over the request as
 refusals, tools in the system turn, grouped frames, the reasoning history
 policy, calls, the default system prompt, a hoisted system prompt, what a
 message's frame asks of the messages before it and of its flags, a content
-cut, the generation prompt) are written as Jinja around them. This module
+cut, a head, tools declared one by one in a turn of their own, a suffix
+added to content, arguments as key/value pairs (:mod:`.layout_jinja_pairs`),
+the generation prompt) are written as Jinja around them. This module
 holds that render of a framed format and picks the writer; a format with
 ``[turns]`` is written by :mod:`.layout_jinja_turns`, and what both share
 (the checks of the dialect, its patterns, the reading of the request, the
@@ -30,6 +32,7 @@ from collections.abc import Mapping
 from ..chat.layout import EACH, HISTORY, SYSTEM, TURN, LayoutDialect
 from ..chat.layout_pattern import Pattern
 from ..errors import TemplateError
+from . import layout_jinja_pairs as _pairs
 from .jinja_text import quote as _q
 from .layout_jinja_base import _Code, _Parts, _Value, _Writer
 from .layout_jinja_turns import _TurnsWriter
@@ -44,23 +47,29 @@ class _FramedWriter(_Writer):
         d = self.d
         opts = dict(self.options)
         out: list[str] = []
+        if d.head is not None:
+            out.append(self.pattern(d.head, {}, opts))
         if d.tools == TURN:
             # The declaration's own turn, first; the system turn is then as
             # without tools.
             turn_ = d.tools_turn
             if turn_ is None:
                 raise TemplateError("tools in their own turn need tools.turn")
-            out += ["{%- if x.tools -%}", self.pattern(turn_, {"tools": "x_json(tools)"}, opts), "{%- endif -%}"]
+            declared: _Value = "x_json(tools)"
+            if d.tools_turn_each is not None:
+                one = self.pattern(d.tools_turn_each, {"tool": "x_json(x_t)"}, opts)
+                declared = _Code("{%- for x_t in tools -%}" + one + "{%- endfor -%}")
+            out += ["{%- if x.tools -%}", self.pattern(turn_, {"tools": declared}, opts), "{%- endif -%}"]
         if d.tools == SYSTEM:
             each, block, turn = d.tools_each, d.tools_block, d.system_with_tools
             if each is None or block is None or turn is None:
                 raise TemplateError("tools in the system turn need tools.each, tools.block and system.with_tools")
             each_tool = _Code("{%- for x_t in tools -%}" + self.pattern(each, {"tool": "x_json(x_t)"}, opts)
                               + "{%- endfor -%}")
-            declared = _Code(self.pattern(block, {"tools": each_tool}, opts))
+            in_system = _Code(self.pattern(block, {"tools": each_tool}, opts))
             out += ["{%- if x.tools -%}",
                     "{%- set x.has_system = x.entries[0][0] == 'system' -%}",
-                    self.pattern(turn, {"system": "x.entries[0][1] if x.has_system else ''", "tools": declared},
+                    self.pattern(turn, {"system": "x.entries[0][1] if x.has_system else ''", "tools": in_system},
                                  {**opts, "has_system": "x.has_system"}),
                     "{%- set x.start = 1 if x.has_system else 0 -%}"]
             if d.default_system is not None:
@@ -134,15 +143,37 @@ class _FramedWriter(_Writer):
         if role == "assistant" and (d.reasoning == HISTORY or d.calls == EACH):
             body = self.assistant(r.body, opts)
         else:
-            body = self.pattern(r.body, {"content": _Parts("x_e[1]", "x_e[6]"), "tool_call_id": "x_e[5]"}, opts)
+            content = self.suffixed(role, "x_e[1]", opts)
+            if role == "assistant":
+                # Read without a history policy: no reasoning shown.
+                opts = {**opts, "show_reasoning": "false", "has_text": self.has_text(content)}
+            body = self.pattern(r.body, {"content": _Parts(content, "x_e[6]"), "tool_call_id": "x_e[5]"}, opts)
         return head + body + tail
+
+    def suffixed(self, role: str, content: str, opts: Mapping[str, str]) -> str:
+        """Message ``x_e``'s ``content`` (an expression) with the format's
+        suffix added where the format adds it: the role's messages, the
+        condition holding, no image parts, not already ending with it."""
+        sx = self.d.content_suffix
+        if sx is None or sx[0] != role:
+            return content
+        when = "(" + self.cond(sx[2], opts) + ") and " if sx[2] else ""
+        return (f"({content} ~ {_q(sx[1])} if {when}x_e[6] | length == 0 and not {content}.endswith({_q(sx[1])}) "
+                f"else {content})")
+
+    @staticmethod
+    def has_text(content: str) -> str:
+        """Whether ``content`` (an expression) holds more than white space,
+        as Python's str.strip() reads it."""
+        return f"(x_trim({content}) ~ '') != ''"
 
     def assistant(self, body: Pattern, opts: Mapping[str, str]) -> str:
         """An assistant message: its content cut where the format cuts it,
         reasoning taken out of content when none is given, shown as the
         history policy says, then its calls."""
         d = self.d
-        out = ["{%- set x_y = namespace(content=x_e[1], reasoning=x_e[2], show=false) -%}"]
+        out = ["{%- set x_y = namespace(content=" + self.suffixed("assistant", "x_e[1]", opts)
+               + ", reasoning=x_e[2], show=false) -%}"]
         if d.content_cut is not None:
             at, unless = d.content_cut
             keep = "not (" + self.cond(unless, opts) + ") and " if unless else ""
@@ -167,8 +198,11 @@ class _FramedWriter(_Writer):
             each = d.calls_each
             if each is None:
                 raise TemplateError("calls rendered each need calls.each")
+            arguments: _Value = "x_call[1]"
+            if d.call_pair is not None:
+                arguments = _Code(_pairs.pairs(self.pattern(d.call_pair, _pairs.pair_values(), opts)))
             code = ("{%- for x_call in x_e[3] -%}{%- set x_w = namespace(first=loop.first) -%}"
-                    + self.pattern(each, {"name": "x_call[0]", "arguments": "x_call[1]", "id": "x_call[2]"},
+                    + self.pattern(each, {"name": "x_call[0]", "arguments": arguments, "id": "x_call[2]"},
                                    {**opts, "first": "x_w.first", "has_content": "x_y.content != ''"})
                     + "{%- endfor -%}")
             section = d.calls_section
@@ -178,7 +212,8 @@ class _FramedWriter(_Writer):
                         + "{%- endif -%}")
             calls = _Code(code)
         out.append(self.pattern(body, {"content": _Parts("x_y.content", "x_e[6]"), "reasoning": "x_y.reasoning",
-                                       "calls": calls}, {**opts, "show_reasoning": "x_y.show"}))
+                                       "calls": calls},
+                                  {**opts, "show_reasoning": "x_y.show", "has_text": self.has_text("x_y.content")}))
         return "".join(out)
 
 

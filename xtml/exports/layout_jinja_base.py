@@ -29,6 +29,7 @@ from ..chat.layout import DROP, EACH, HISTORY, REFUSE, SYSTEM, TURN, LayoutDiale
 from ..chat.layout_pattern import Cond, Item, Lit, Pattern, Slot, Tok
 from ..chat.layout_turn import KEEP, STRING, STRINGS, TURNS, TurnLayout
 from ..errors import TemplateError
+from . import layout_jinja_pairs as _pairs
 from .jinja_text import comment as _comment
 from .jinja_text import quote as _q
 
@@ -50,6 +51,10 @@ _KNOWN = {
     "reasoning_block", "reasoning_opened",
     # Read by the writer where the format has them.
     "system_hoist", "system_join", "flags", "message_conds", "content_cut", "option_aliases",
+    "head", "tools_turn_each", "content_suffix", "call_pair",
+    # What no reader of answers reads back yet: each thing it names is a
+    # field or a condition the writer checks itself.
+    "render_only",
 }
 """The fields of :class:`LayoutDialect` this writer reads or knows it may
 leave alone. A field it does not know (the language grows) is refused unless
@@ -61,9 +66,9 @@ _CHOICES: dict[str, tuple[object, ...]] = {
     "calls": (DROP, REFUSE, EACH),
     "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS),
     "reasoning": (DROP, HISTORY),
-    "reasoning_show": ("never", "after_last_query", "after_last_answer"),
+    "reasoning_show": ("never", "after_last_query", "after_last_answer", "after_last_user"),
     "call_ids": ("absent", "given", "generated"),
-    "arguments": ("as_given", "tojson", "string"),
+    "arguments": ("as_given", "tojson", "string", "pairs"),
 }
 
 _CODECS = {"strip_nl": "x_strip({}, true, true)", "lstrip_nl": "x_strip({}, true, false)",
@@ -202,6 +207,11 @@ class _Writer(ABC):
         if d.content_cut is not None and not (d.calls == EACH or d.reasoning == HISTORY):
             raise TemplateError("the Jinja export cuts an assistant's content only where it writes its calls or "
                                 "reasoning")
+        if (d.arguments == "pairs") != (d.call_pair is not None) or (d.call_pair is not None and d.calls != EACH):
+            raise TemplateError("the Jinja export writes arguments as pairs with calls.pair and calls rendered each "
+                                "only")
+        if d.tools_turn_each is not None and d.tools != TURN:
+            raise TemplateError("the Jinja export writes tools one by one with tools in their own turn only")
         if d.system_hoist is not None and d.tools == SYSTEM:
             raise TemplateError("the Jinja export does not write a hoisted system prompt with tools in the system "
                                 "turn yet")
@@ -298,7 +308,8 @@ class _Writer(ABC):
     # -- the template ----------------------------------------------------------------------------
 
     def write(self) -> str:
-        return (self.header() + _MACROS + _STRIP + self.format_macros() + self.macros() + self.read_options()
+        return (self.header() + _MACROS + _STRIP + (_pairs.MACROS if self.d.call_pair is not None else "")
+                + self.format_macros() + self.macros() + self.read_options()
                 + self.read_messages() + self.render())
 
     def format_macros(self) -> str:
@@ -459,6 +470,7 @@ class _Writer(ABC):
                     "iterable -%}",
                     _message_error("tool_calls must be a list", "tool_calls"),
                     "{%- endif -%}",
+                    _pairs.pair_arguments(d) if d.arguments == "pairs" else "",
                     "{%- for x_call in x_m.tool_calls -%}",
                     "{%- set x_at = ' (at messages[' ~ x_i ~ '].tool_calls[' ~ loop.index0 ~ ']' -%}",
                     "{%- if x_call is not mapping -%}",
@@ -471,13 +483,16 @@ class _Writer(ABC):
                     "{%- if 'name' not in x_f or x_f.name is not string -%}",
                     _raise("'a tool call needs a name (a string)' ~ x_at ~ '.function.name)'"),
                     "{%- endif -%}",
-                    "{%- set x_a = x_f.arguments if 'arguments' in x_f else none -%}",
+                    _pairs.read_arguments() if d.arguments == "pairs"
+                    else "{%- set x_a = x_f.arguments if 'arguments' in x_f else none -%}",
                     "{%- if x_a is not string and x_a is not mapping -%}",
                     _raise("'arguments must be a JSON object or a string' ~ x_at ~ '.function.arguments)'"),
                     "{%- endif -%}",
                     # As given (a string as it is), or every value through tojson.
-                    "{%- set x_a = x_json(x_a) ~ '' if " + ("true" if d.arguments == "tojson" else "x_a is mapping")
-                    + " else x_a -%}",
+                    # As given (a string as it is), or every value through
+                    # tojson; pairs keep the object, written pair by pair.
+                    "" if d.arguments == "pairs" else "{%- set x_a = x_json(x_a) ~ '' if "
+                    + ("true" if d.arguments == "tojson" else "x_a is mapping") + " else x_a -%}",
                     "{%- set x_y.calls = x_y.calls + [[x_f.name, x_a, '']] -%}",
                     "{%- endfor -%}",
                     self.string_arguments(),
@@ -541,6 +556,13 @@ class _Writer(ABC):
                     "{%- if " + query + " -%}{%- set x_z.found = loop.index0 -%}{%- endif -%}",
                     "{%- endfor -%}",
                     "{%- if x_z.found >= 0 -%}{%- set x.last_query = x_z.found -%}{%- endif -%}"]
+        elif d.reasoning == HISTORY and d.reasoning_show == "after_last_user":
+            # The last user message, whatever it holds; none: -1 (every answer).
+            out += ["{%- set x_z = namespace(found=-1) -%}",
+                    "{%- for x_e in x.entries -%}",
+                    "{%- if x_e[0] == 'user' -%}{%- set x_z.found = loop.index0 -%}{%- endif -%}",
+                    "{%- endfor -%}",
+                    "{%- set x.last_query = x_z.found -%}"]
         elif d.reasoning == HISTORY and d.reasoning_show == "after_last_answer":
             # The last assistant message without calls; none: -1.
             out += ["{%- set x_z = namespace(found=-1) -%}",

@@ -96,7 +96,7 @@ def chat_job(served: Served, body: Any) -> Job:
     gen = Generation(encoded.ids, params, b.stop_ids, vocab.size, grammar, b.text_table)
     legacy = bool(body.get("functions")) and not body.get("tools")
     return Job(gen, o.thinking, bool(stream), bool(include_usage), legacy=legacy,
-               max_calls=1 if one_call else None)
+               max_calls=1 if one_call else None, tools=o.tools)
 
 
 def responses_job(served: Served, store: ResponseStore, body: Any, made: list[Exchange] | None = None) -> Job:

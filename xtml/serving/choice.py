@@ -45,7 +45,7 @@ class Choice:
     :meth:`close`."""
 
     __slots__ = ("_closed", "_plain", "chunks", "done", "early", "gen", "index", "legacy", "limit", "lost", "max_calls",
-                 "n", "parser", "reasoning", "served", "stop_ids", "stops", "thinking")
+                 "n", "parser", "reasoning", "served", "stop_ids", "stops", "thinking", "tools")
 
     parser: StreamParser
     chunks: ChunkStream
@@ -57,6 +57,7 @@ class Choice:
         self.index = index
         self.thinking = job.thinking
         self.max_calls = job.max_calls
+        self.tools = job.tools
         stop = gen.params.get("stop")
         self.stops = StopSequences(stop) if stop else None
         self.legacy = FunctionCalls() if job.legacy else None
@@ -76,7 +77,7 @@ class Choice:
         """Whether the chunks go out as the chunk stream makes them."""
         if stream:
             t = served.template
-            self.parser = t.stream(served.vocab, thinking=job.thinking)
+            self.parser = t.stream(served.vocab, thinking=job.thinking, tools=job.tools)
             self.chunks = ChunkStream(model=served.model, id=id, created=created, include_usage=job.include_usage,
                                       template=t, max_calls=job.max_calls)
 
@@ -112,7 +113,7 @@ class Choice:
         t, vocab = self.served.template, self.served.vocab
         try:
             parsed = t.parse(ids, vocab, completion=True, lenient=True, thinking=self.thinking,
-                             max_chars=max(len(ids), 1))
+                             max_chars=max(len(ids), 1), tools=self.tools)
         except XtmlError as e:
             raise BackendError(f"the backend's ids cannot be read: {e}", code="backend_invalid_response") from None
         shaped = shape_message(parsed, cut_by="stop" if finish == "stop" else "length", max_calls=self.max_calls,

@@ -4,7 +4,7 @@ served (:class:`Served`) and one checked request (:class:`Job`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .engines import Generation
 from .responses import Exchange
@@ -53,3 +53,6 @@ class Job:
     """The most calls an answer hands back: 1 when the request set
     ``parallel_tool_calls`` false (an engine given no grammar, or one that
     ignores it, may make more)."""
+    tools: Any = None
+    """The request's tools: a format that writes arguments untyped reads
+    them back by their schemas."""

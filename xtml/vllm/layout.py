@@ -66,8 +66,8 @@ class _LayoutSetup:
         self.block_ids = (known[self.block[0]], known[self.block[1]]) \
             if self.block is not None and self.block[0] in known and self.block[1] in known else None
 
-    def parse(self, ids: list[int]) -> dict[str, Any]:
-        return self.tpl.parse(ids, self.vocab, completion=True, lenient=True)
+    def parse(self, ids: list[int], request: Any = None) -> dict[str, Any]:
+        return self.tpl.parse(ids, self.vocab, completion=True, lenient=True, tools=_tools(request))
 
     def reasoning_length(self, ids: list[int]) -> int:
         return self.tpl.reasoning_tokens(ids, self.vocab)
@@ -90,6 +90,13 @@ class _LayoutSetup:
 
 
 _LAYOUT_SETUPS: weakref.WeakKeyDictionary[Any, _LayoutSetup] = weakref.WeakKeyDictionary()
+
+
+def _tools(request: Any) -> list[Any] | None:
+    """A request's tools as dicts: a format that writes arguments untyped
+    reads them back by their schemas."""
+    tools = getattr(request, "tools", None)
+    return [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools] if tools else None
 
 
 def _skeleton(request: Any) -> list[dict[str, Any]]:
@@ -198,7 +205,7 @@ class XtmlLayoutReasoningParser(ReasoningParser):
         whole = generated is not None and (bool(generated) or not model_output)
         ids = generated if whole and generated is not None else self.x.tpl.completion_ids(model_output,
                                                                                           self.x.vocab)
-        reasoning = self.x.parse(ids).get("reasoning_content")
+        reasoning = self.x.parse(ids, request).get("reasoning_content")
         k = self.x.block_length(ids)
         if k == 0:
             # No block to split off (or one spelled as text, which the tool
@@ -275,7 +282,7 @@ class XtmlLayoutToolParser(ToolParser):
         return self.x.tpl.completion_ids(text, self.x.vocab)
 
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
-        msg = self.x.parse(self._ids(model_output, request))
+        msg = self.x.parse(self._ids(model_output, request), request)
         _repaired(msg.get("diagnostics") or ())
         calls = [ToolCall(type="function", function=FunctionCall(name=c["function"]["name"],
                                                                  arguments=c["function"]["arguments"]))
@@ -289,7 +296,7 @@ class XtmlLayoutToolParser(ToolParser):
         if not delta_token_ids:
             return None
         if self.stream is None:
-            self.stream = self.x.tpl.stream(self.x.vocab)
+            self.stream = self.x.tpl.stream(self.x.vocab, tools=_tools(request))
         return self._delta(self.stream.feed_many(delta_token_ids))
 
     def finish_streaming(self) -> DeltaMessage | None:

@@ -10,10 +10,15 @@ the content, the calls as ``[calls] each`` writes one (its tokens, its
 literal text, the tool's name and its arguments as a JSON object of the
 tool's schema, :mod:`.schema`; an id of ``[calls] id``'s spelling, with the
 call's index where the format generates ids), the section around the calls,
-the separator between calls, and the stop tokens. The request holds it to ``tool_choice`` (``auto``, ``none``,
-``required``, a named function: calls to declared tools only, and with
-``required`` or a name the answer is its calls), ``parallel_tool_calls``
-(false: one call) and ``response_format`` (the content is JSON).
+the separator between calls, and the stop tokens. Where the format lays the
+answer out with text of its own (GLM-4.6: a newline before the reasoning
+block it writes on every answer, before content, before each call), writes
+arguments as key/value pairs (:mod:`.layout_pairs`) or has a stop after
+which the model waits for its calls' results, those are in the plan too.
+The request holds it to ``tool_choice`` (``auto``, ``none``, ``required``,
+a named function: calls to declared tools only, and with ``required`` or a
+name the answer is its calls), ``parallel_tool_calls`` (false: one call)
+and ``response_format`` (the content is JSON).
 
 A token of the dialect is referenced as a token where the vocabulary has it
 as one id, and is literal text where the vocabulary spells it as text (a
@@ -34,6 +39,7 @@ from ...chat.layout_pattern import Builder, Cond, Item, Lit, Slot, Tok
 from ...chat.layout_request import read_request
 from ...errors import OptionError, RequestError, TokenizerError
 from ...vocab.tokens import TokenBinding
+from .layout_pairs import pair_tool, pairs_pattern
 from .plan import FORMATS, MAX_CALLS, deep_schemas_refused
 from .schema import Tool, typed_tool
 
@@ -109,6 +115,30 @@ class LayoutPlan:
     a call waits for its results, end calls only)."""
     guards: tuple[str, ...] = ()
     """Spellings free text never holds: a parse would read a call there."""
+    reasoning_lead: str | None = None
+    """Where the format writes the reasoning block on every answer, after
+    this text (the body opens with them): the model writes both."""
+    content_lead: str = ""
+    """The text the format writes before content, where there is some."""
+    call_lead: str = ""
+    """The text the format writes before every call, the first included."""
+    pair_items: tuple[Item, ...] = ()
+    """One argument as ``[calls] pair`` writes it (slots ``key`` and
+    ``value``), where the arguments are key/value pairs, not JSON."""
+    wait_stops: tuple[str, ...] = ()
+    """The stop tokens after which the model waits for its calls' results:
+    they end calls; :attr:`end_stops` end the other answers."""
+    unnamed: dict[str, str] = field(default_factory=dict)
+    """Token → why llguidance's syntax cannot name it, where the grammar is
+    asked to name tokens: refused where the grammar references it (a
+    format's head, which an answer never holds, is not)."""
+
+    @property
+    def led(self) -> bool:
+        """The answer is laid out by its leads, pairs and stops (the
+        structure of :meth:`~.layout_writer._Layout.led_answer`)."""
+        return bool(self.reasoning_lead is not None or self.content_lead or self.call_lead or self.pair_items
+                    or self.wait_stops)
 
 
 def layout_plan(d: LayoutDialect, binding: TokenBinding | None, request: Any, *, format: str = "llguidance",
@@ -167,7 +197,8 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
         if not in_prompt:
             reasoning = split
     bare = d.header_turns is not None
-    call_open, call_rest, sep = _bare_pattern(d) if bare else _call_pattern(d)
+    call_open, call_rest, sep, call_lead = _bare_pattern(d) if bare else _call_pattern(d)
+    pair_items = pairs_pattern(d) if call_open and d.arguments == "pairs" else ()
     section = _section(d) if call_open else None
     indexed = d.call_ids == "generated" and any(isinstance(i, Slot) and i.name == "id" for i in call_rest)
     if indexed and max_calls is None:
@@ -206,6 +237,8 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
         for name, fn in declared.items():
             if named is None or name == named:
                 t = typed_tool(name, fn, notes)
+                if t is not None and pair_items:
+                    t = pair_tool(t, notes) if _name_read(name, call_rest, notes) else None
                 if t is not None:
                     tools.append(t)
     if must and not tools:
@@ -234,7 +267,9 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
                       exact=d.reasoning_block is not None or d.reasoning_opened is not None, notes=notes,
                       opened=opened, bare=bare, builtin=builtin, **_builtin_pattern(d),
                       end_stops=tuple(t for t, m in d.stops.items() if m == "end"),
-                      guards=_guards(call_rest) if bare else ())
+                      guards=_guards(call_rest) if bare else (), reasoning_lead=_reasoning_lead(d, split),
+                      content_lead=_content_lead(d), call_lead=call_lead, pair_items=pair_items,
+                      wait_stops=() if bare else tuple(t for t, m in d.stops.items() if m == "tool_wait"))
 
 
 # Arguments a parse reads back as the object the grammar writes: as given,
@@ -247,29 +282,34 @@ _ARGUMENTS = ("as_given", "tojson", "string")
 
 def _refuse_unmirrored(d: LayoutDialect) -> None:
     used: list[str] = []
-    if d.arguments not in _ARGUMENTS:
+    if d.arguments not in _ARGUMENTS and not (d.arguments == "pairs" and d.call_pair is not None):
         used.append(f"arguments {d.arguments}")
     if d.reasoning_split is not None and d.reasoning_block is not None:
         used.append("reasoning split out of content and in a block of its own")
     if d.header_turns is None:
-        # Stops that mean a call waits for its results end calls of a bare
-        # format only (the others end every answer with the same token).
-        used += [f"stop {t!r} ({m})" for t, m in d.stops.items() if m != "end"]
+        # A stop that means the model waits for its calls' results ends
+        # calls (the others end answers of content); what the other
+        # meanings end is not read.
+        used += [f"stop {t!r} ({m})" for t, m in d.stops.items() if m not in ("end", "tool_wait")]
     if used:
         raise OptionError(f"the completion grammar is not yet available for the layout dialect {d.name!r} (it "
                           f"writes answers with: {', '.join(used)})", option="tool_choice")
 
 
-def _call_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
-    """The opening token of a call, what follows it, and the separator
-    before a call (a leading ``{?cond}TEXT{/}``), as the parse reads them."""
+def _call_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str, str]:
+    """The opening token of a call, what follows it, the separator before a
+    call (a leading ``{?cond}TEXT{/}``, or the text before every call), and
+    the text written before every call, as the parse reads them."""
     each = d.calls_each
     if d.calls != EACH or each is None:
-        return "", (), ""
+        return "", (), "", ""
     items = list(each.items)
-    sep = ""
+    sep = lead = ""
     if items and isinstance(items[0], Cond) and all(isinstance(i, Lit) for i in items[0].body):
         sep = "".join(i.text for i in items[0].body if isinstance(i, Lit))
+        items = items[1:]
+    while not sep and items and isinstance(first_lit := items[0], Lit):
+        lead += first_lit.text
         items = items[1:]
     slots = sorted(i.name for i in items if isinstance(i, Slot))
     if not items or not isinstance(items[0], Tok) or not isinstance(items[-1], Tok) or \
@@ -281,16 +321,56 @@ def _call_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
                           "format's spelling, and its arguments)", option="tool_choice")
     first = items[0]
     assert isinstance(first, Tok)
-    return first.token, tuple(items[1:]), sep
+    # Text before every call is the separator between two as well.
+    return first.token, tuple(items[1:]), sep or lead, lead
 
 
-def _bare_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
+def _name_read(name: str, rest: tuple[Item, ...], notes: list[str]) -> bool:
+    """Whether a parse reads ``name`` back whole where the name runs up to
+    the literal text after it (a pairs format reads it up to a newline)."""
+    at = next((k for k, i in enumerate(rest) if i == Slot("name")), len(rest))
+    after = rest[at + 1] if at + 1 < len(rest) else None
+    if isinstance(after, Lit) and after.text and after.text[0] in name:
+        notes.append(f"tool {name!r}: its name holds {after.text[0]!r}, which ends a name in this format, so the "
+                     "tool is left out")
+        return False
+    return True
+
+
+def _reasoning_lead(d: LayoutDialect, split: tuple[str, str] | None) -> str | None:
+    """The text before the reasoning block where the assistant's body opens
+    with the block, outside any condition: it is on every answer."""
+    body = d.roles["assistant"].body if "assistant" in d.roles else None
+    if split is None or d.reasoning_block is not None or body is None:
+        return None
+    lead = ""
+    for item in body.items:
+        if isinstance(item, Lit):
+            lead += item.text
+            continue
+        return lead if item == Tok(split[0]) else None
+    return None
+
+
+def _content_lead(d: LayoutDialect) -> str:
+    """The text a condition of the assistant's body writes before the
+    content and nothing else (``{?has_text}\\n{content}{/}``)."""
+    body = d.roles["assistant"].body if "assistant" in d.roles else None
+    for item in body.items if body is not None else ():
+        if isinstance(item, Cond) and not item.negate and len(item.body) == 2:
+            lead, slot = item.body
+            if isinstance(lead, Lit) and isinstance(slot, Slot) and slot.name == "content":
+                return lead.text
+    return ""
+
+
+def _bare_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str, str]:
     """A bare call, as the parse of a format of header turns reads one: the
     whole answer, from literal text to literal text, its name and its
     arguments (a JSON object) in between."""
     each = d.calls_each
     if each is None:
-        return "", (), ""
+        return "", (), "", ""
     items = each.items
     if not items or not isinstance(items[0], Lit) or not isinstance(items[-1], Lit) or \
             any(not isinstance(i, Lit | Slot) for i in items) or \
@@ -298,7 +378,7 @@ def _bare_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str]:
         raise OptionError(f"the completion grammar of the calls of the layout dialect {d.name!r} is not yet "
                           "available (a bare call is read from literal text to literal text, with its name and "
                           "its arguments)", option="tool_choice")
-    return "", tuple(items), ""
+    return "", tuple(items), "", ""
 
 
 def _guards(items: tuple[Item, ...]) -> tuple[str, ...]:
@@ -442,8 +522,7 @@ def _bind(plan: LayoutPlan, binding: TokenBinding | None, how: str) -> None:
                 raise TokenizerError(f"token {t!r} is referenced by its id here: pass the tokenizer (--tokenizer) "
                                      f"to {plan.format}")
             if not _NAMED.match(t):
-                raise TokenizerError(f"token {t!r} cannot be referenced by name in llguidance's syntax; pass the "
-                                     "tokenizer")
+                plan.unnamed[t] = f"token {t!r} cannot be referenced by name in llguidance's syntax; pass the tokenizer"
             plan.refs[t] = t
         return
     plan.text_tokens = tuple(binding.text_tokens)
@@ -451,8 +530,8 @@ def _bind(plan: LayoutPlan, binding: TokenBinding | None, how: str) -> None:
     for t, i in binding.token_ids.items():
         if plan.format == "llguidance":
             if how == "name" and not _NAMED.match(t):
-                raise TokenizerError(f"token {t!r} cannot be referenced by name in llguidance's syntax; use "
-                                     "token_refs='id'")
+                plan.unnamed[t] = (f"token {t!r} cannot be referenced by name in llguidance's syntax; use "
+                                   "token_refs='id'")
             plan.refs[t] = t if how == "name" else f"<[{i}]>"
         elif plan.format == "gbnf":
             plan.refs[t] = f"<[{i}]>"
@@ -466,8 +545,19 @@ def _refuse_spellings(plan: LayoutPlan) -> None:
     grammar would write it, and a parse would read the token there."""
     if not plan.text_tokens:
         return
+    calls = (Tok(plan.call_open), *plan.call_rest, *plan.pair_items) if plan.led and plan.tools else ()
+    spelled = [i.token for i in calls if isinstance(i, Tok) and i.token in plan.text_tokens]
+    if spelled:
+        # Text up to a token's spelling would be one terminal each (the
+        # lexer gives back nothing it took), which these calls do not have.
+        raise TokenizerError(f"this vocabulary writes {', '.join(dict.fromkeys(spelled))} as text: the completion "
+                             f"grammar of the calls of the layout dialect {plan.d.name!r} needs each as one id")
     for t in plan.tools:
         for tok in plan.text_tokens:
             if tok in t.name:
                 raise RequestError(f"tool name {t.name!r} spells {tok!r}, which this vocabulary writes as text: a "
                                    "parse would read the token there", location="tools")
+            for a in t.args if plan.pair_items else ():
+                if tok in a.key:
+                    raise RequestError(f"tool {t.name!r}: argument {a.key!r} spells {tok!r}, which this vocabulary "
+                                       "writes as text: a parse would read the token there", location="tools")

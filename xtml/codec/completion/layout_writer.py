@@ -25,7 +25,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...chat.layout_pattern import Lit, Slot, Tok
+from ...errors import TokenizerError
 from .gbnf import _ENTITIES, _class_char, _Gbnf
+from .layout_pairs import PairsEbnf, PairsLark
 from .layout_plan import LayoutPlan
 from .llguidance import _JSON_STRING, _Lark
 from .plan import deep_schemas_refused
@@ -75,6 +77,7 @@ class _Layout:
         def finish(self) -> list[str]: ...
         def json_answer(self) -> str: ...
         def object_value(self, schema: Any) -> str: ...
+        def pairs(self, i: int, t: Tool, close: str) -> str: ...
 
     lp: LayoutPlan
 
@@ -92,6 +95,8 @@ class _Layout:
     def tok(self, t: str) -> str:
         """A token: by reference where the vocabulary has it as one id, else
         its text."""
+        if t in self.lp.unnamed:
+            raise TokenizerError(self.lp.unnamed[t])
         ref = self.lp.refs.get(t)
         return ref if ref is not None else self.lit(t)
 
@@ -110,6 +115,8 @@ class _Layout:
         p = self.lp
         if p.bare:
             return self.bare_answer()
+        if p.led:
+            return self.led_structure()
         answer = self.answer()
         if p.opened:
             # The prompt opened the block: reasoning up to its close, then
@@ -149,6 +156,57 @@ class _Layout:
             return f"({content} calls? | {self.tok(first)} {rest})"
         self.rule("calls", f"{self.text_then(first)} {rest}")
         return f"(calls | {content})"
+
+    def led_structure(self) -> str:
+        """The start rule's body where the format lays the answer out with
+        text of its own: the reasoning block (on every answer after its lead
+        where the body writes it so), then :meth:`led_answer`."""
+        p = self.lp
+        answer = self.led_answer()
+        if p.opened:
+            self.rule("reasoning", self.text_then(p.opened))
+            return f"reasoning {answer}"
+        if p.reasoning is None:
+            return answer
+        o, c = p.reasoning
+        lead = f"{self.lit(p.reasoning_lead)} " if p.reasoning_lead else ""
+        self.rule("reasoning", f"{lead}{self.tok(o)} {self.text_then(c)}")
+        return f"reasoning {answer}" if p.reasoning_lead is not None else f"reasoning? {answer}"
+
+    def led_answer(self) -> str:
+        """Content after its lead (text, or JSON under ``response_format``)
+        then a stop that ends answers; or calls, each after its lead (after
+        content, which then ends with the lead), then a stop after which the
+        model waits for their results."""
+        p = self.lp
+        ends = " | ".join(self.tok(t) for t in p.end_stops or p.stops)
+        waits = " | ".join(self.tok(t) for t in p.wait_stops or p.stops)
+        lead = f"{self.lit(p.content_lead)} " if p.content_lead else ""
+        if p.response_schema is not None:
+            content = f"{lead}{self.json_answer()}"
+        else:
+            content = f"({lead}{self.text_opt()})?" if lead else self.text_opt()
+        if p.calls == "no":
+            return f"{content} ({ends})?"
+        assert p.section is None  # a section's calls are not laid out by leads
+        rest = self.calls_rest()
+        first = f"{self.lit(p.call_lead)} {self.tok(p.call_open)}" if p.call_lead else self.tok(p.call_open)
+        if p.calls == "yes":
+            return f"{first} {rest} ({waits})?"
+        if p.response_schema is not None:
+            calls = f"({content})? {first}"
+        elif p.content_lead or p.call_lead:
+            # Content before calls ends with the calls' lead.
+            calls = f"({self.text_ending(p.content_lead, p.call_lead)} | {self.lit(p.call_lead)}) " \
+                    f"{self.tok(p.call_open)}"
+        else:
+            calls = self.text_then(p.call_open)
+        return f"({content} ({ends})? | {calls} {rest} ({waits})?)"
+
+    def text_ending(self, lead: str, end: str) -> str:
+        """``lead``, then text that ends with ``end``."""
+        head = f"{self.lit(lead)} " if lead else ""
+        return f"{head}{self.text_opt()} {self.lit(end)}" if end else f"{head}{self.text_opt()}"
 
     def bare_answer(self) -> str:
         """An answer of a format of bare calls: content (free text that
@@ -238,8 +296,19 @@ class _Layout:
 
     def call_rules(self) -> None:
         p = self.lp
+        close: Tok | None = None
+        if p.pair_items:
+            at = next(k for k, x in enumerate(p.call_rest) if isinstance(x, Slot) and x.name == "arguments")
+            after = p.call_rest[at + 1]
+            assert isinstance(after, Tok)  # the plan's check
+            close = after
         for i, t in enumerate(p.tools):
-            self.rule(f"args_t{i}", self.object_value(_object_schema(t.params)))
+            if close is not None:
+                # The pairs end with the call's close: which keys were
+                # given decides where it may come.
+                self.rule(f"args_t{i}", self.pairs(i, t, self.tok(close.token)))
+            else:
+                self.rule(f"args_t{i}", self.object_value(_object_schema(t.params)))
         for k in range(p.max_calls or 1) if p.indexed else [None]:
             alts = [self.call_body(i, t, k) for i, t in enumerate(p.tools)]
             self.rule("call" if k is None else f"call_{k}",
@@ -257,6 +326,10 @@ class _Layout:
                 text.clear()
 
         items = list(self.lp.call_rest)
+        if self.lp.pair_items:
+            # The arguments' rule holds the token that closes the call.
+            at = next(k for k, x in enumerate(items) if isinstance(x, Slot) and x.name == "arguments")
+            items = [x for k, x in enumerate(items) if k != at + 1]
         if self.lp.bare and self.lp.response_schema is not None and items and isinstance(items[0], Lit) and \
                 len(items[0].text) > 1:
             # Beside a JSON answer, the opening character on its own, as the
@@ -341,7 +414,7 @@ def _rx(s: str) -> str:
     return "".join(out)
 
 
-class _LayoutLark(_Layout, _Lark):
+class _LayoutLark(_Layout, PairsLark, _Lark):
     layout_load = _Lark.load
 
     def __init__(self, plan: LayoutPlan) -> None:
@@ -393,6 +466,15 @@ class _LayoutLark(_Layout, _Lark):
         self.terminals["NEWLINES"] = "/\\n+/"
         return "NEWLINES?"
 
+    def text_ending(self, lead: str, end: str) -> str:
+        if not end:
+            return super().text_ending(lead, end)
+        # One terminal: the lexer would not give back the end a text
+        # terminal took.
+        name = f"TEXT_ENDING_{len(self.terminals)}"
+        self.terminals[name] = f"/(?s:.*){_rx(end)}/" + self.spells_none()
+        return f"{self.lit(lead)} {name}" if lead else name
+
     def numeral(self) -> str:
         self.terminals["NUMERAL"] = "/[0-9]+/"
         return "NUMERAL"
@@ -429,7 +511,7 @@ class _LayoutLark(_Layout, _Lark):
         return _Lark.finish(self)
 
 
-class _LayoutGbnf(_Layout, _Gbnf):
+class _LayoutGbnf(_Layout, PairsEbnf, _Gbnf):
     layout_load: ClassVar[tuple[str, ...]] = (
         "# Load: llama.cpp's grammar sampler (the /completion field \"grammar\", or --grammar-file).",
             "# GBNF cannot express: string lengths, patterns and formats, number bounds and allOf/not/if in",
@@ -511,7 +593,7 @@ def _tag(plan: LayoutPlan) -> str:
     ids, the answer as one EBNF ``grammar`` format (the calls and JSON need
     named rules); everything in that format where some token is text."""
     # A bare format's stops differ by what the answer is: all in the grammar.
-    token_level = not plan.bare and not plan.opened and (
+    token_level = not plan.bare and not plan.opened and not plan.led and (
         plan.reasoning is None or all(t in plan.token_ids for t in plan.reasoning))
     w = _LayoutEbnf(plan)
     parts: list[dict[str, Any]] = []
