@@ -128,8 +128,18 @@ def _without_calls(req: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in req.items() if k != "tools"} | {"messages": msgs}
 
 
+def _object_arguments(req: dict[str, Any]) -> dict[str, Any]:
+    """Each call's arguments as an object, not JSON text (a template that
+    writes them pair by pair raises on text)."""
+    def call(c: dict[str, Any]) -> dict[str, Any]:
+        return {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+    return {**req, "messages": [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+                                for m in req["messages"]]}
+
+
 SHAPES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
     ("whole", lambda r: r),
+    ("arguments as objects", _object_arguments),
     ("no reasoning", _without_reasoning),
     ("no tool calls", _without_calls),
     ("plain", lambda r: _without_calls(_without_reasoning(r))),

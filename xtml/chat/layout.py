@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .layout_pattern import Pattern, token_char, token_finder
+from .layout_split import SplitLayout
 from .layout_turn import TextOption, TurnLayout
 
-__all__ = ["DROP", "EACH", "HISTORY", "LAST_USER", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYSTEM", "TURN",
-           "LayoutDialect", "RoleFrame", "RoleLayout"]
+__all__ = ["DROP", "EACH", "HISTORY", "LAST_USER", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYNTAX", "SYSTEM",
+           "TURN", "LayoutDialect", "RoleFrame", "RoleLayout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,9 @@ HISTORY = "history"
 LAST_USER = "last_user"
 """``[tools] render``: declared before the last user message, and before
 each user message equal to it (as the official template compares them)."""
+SYNTAX = "syntax"
+"""``[tools] render``: declared by a value syntax in the system turn;
+``[calls] arguments``: written by a value syntax."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +245,42 @@ class LayoutDialect:
     many characters; a shorter or absent one refused (0: as given)."""
     calls_content: str = "keep"
     """``drop``: an assistant's content beside its calls is not written."""
+    system_roles: tuple[str, ...] = ("system",)
+    """Roles a first message may have for :attr:`system_turn` to hold it as
+    the system message (a first ``developer`` message read as one)."""
+    tools_syntax: str = ""
+    """With ``tools = "syntax"``: the value syntax (an ``xtml.value_syntaxes``
+    entry point) whose declaration of the tools :attr:`system_turn`'s
+    ``tools`` slot writes."""
+    tools_keywords: tuple[str, ...] = ()
+    """The keywords of a parameter's schema that declaration writes: any
+    other is reported as a drop of ``tools``."""
+    calls_syntax: str = ""
+    """With ``arguments = "syntax"``: the value syntax that writes arguments
+    given as an object (a string is written as given)."""
+    call_result: Pattern | None = None
+    """Tool results folded into the calling turn (:mod:`.layout_fold`): each
+    result of a run right after the calls (slots ``name``: the called
+    function's, ``content``)."""
+    calls_pending: Pattern | None = None
+    """Written in place of the close of a turn whose calls have no results."""
+    results_open: bool = False
+    """A turn with results and no content is left open (not closed)."""
+    continues: tuple[str, ...] = ()
+    """Roles whose message after another of the same role (tool results
+    aside) continues that turn: no open is written."""
+    content_trim: tuple[str, ...] = ()
+    """Roles whose text is trimmed, each part before the parts are joined."""
+    content_strip: tuple[str, str] | None = None
+    """An assistant's text (each part) split at each second string, each
+    piece cut at its first first string, then joined."""
+    reasoning_keys: tuple[str, ...] = ()
+    """Where results are folded: the reasoning fields in the order the
+    template reads them, the first holding text written (empty: as
+    transformers aliases them)."""
+    split: SplitLayout | None = None
+    """A format that writes one request message as several of its own
+    (:mod:`.layout_split`); render is then :mod:`.layout_split_render`'s."""
 
     @property
     def turns(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import layout_open, layout_parse, layout_render, layout_turns
+from . import layout_open, layout_parse, layout_render, layout_split_render, layout_turns
 from .layout import LayoutDialect
 from .layout_parse import Lexed
 from .layout_render import Rendering
@@ -20,6 +20,8 @@ __all__ = ["normal_form", "parse_completion", "parse_prompt", "render"]
 def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Rendering:
     if d.header_turns is not None:
         return layout_turns.render_turns(d, request, options)
+    if d.split is not None:
+        return layout_split_render.render_split(d, request, options)
     r = layout_render.render(d, request, options)
     if d.open_turns:
         more = layout_open.open_drops(d, request, options)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import TemplateError
+from ..plugins.values import load_value_syntax
 from .dialect import Dialect
 from .layout import (
     DROP,
@@ -24,6 +25,7 @@ from .layout import (
     MESSAGE_CONDS,
     REFUSE,
     STOP_MEANINGS,
+    SYNTAX,
     SYSTEM,
     TURN,
     LayoutDialect,
@@ -31,6 +33,7 @@ from .layout import (
     RoleLayout,
 )
 from .layout_pattern import MAX_TOKENS, Cond, Item, Pattern
+from .layout_split import build_split, split_names
 from .layout_turn import KEEP, STRING, STRINGS, TURNS, TextOption
 from .layout_turns_file import CALL_KEYS, build_turns
 from .template_file import Problem, check, check_toml, first_or, is_layout, read_template, run_checks
@@ -180,11 +183,14 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     frame_close = _pattern(c, _str(c, fr, "close", "frame"), tokens, frozenset(), conds, "frame.close")
 
     ro = _table(c, data, "roles", required=True)
-    c.keys(ro, ("accepted", "text", "body", "frame", "name", "flags", "alias", "first_only"), "roles")
+    c.keys(ro, ("accepted", "text", "body", "frame", "name", "flags", "alias", "first_only", "continue", "drop_later"),
+           "roles")
+    # What a format that writes a message as several adds (none elsewhere).
+    split_turn, split_body, split_frame = split_names(data)
     role_names = _choice(c, ro, "name", "roles", (DROP, "text"), DROP) == "text"
     flags = _strings(c, ro, "flags", "roles")
     # What a message's frame and body may ask of it.
-    mconds = conds | frozenset(MESSAGE_CONDS) | frozenset(flags)
+    mconds = conds | frozenset(MESSAGE_CONDS) | frozenset(flags) | split_body
     accepted = _strings(c, ro, "accepted", "roles")
     for r in ("system", "user", "assistant"):
         if r not in accepted:
@@ -196,6 +202,10 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     first_only = _strings(c, ro, "first_only", "roles")
     if any(r not in accepted for r in first_only):
         c.add("first_only lists accepted roles, written only as the first message", "roles.first_only")
+    continues = _strings(c, ro, "continue", "roles")
+    if any(r not in accepted for r in continues):
+        c.add("continue lists accepted roles whose message after another of the role continues its turn",
+              "roles.continue")
     for key, tab in (("text", texts), ("body", bodies)):
         for r in tab:
             if r not in accepted:
@@ -212,7 +222,8 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         body_src = bodies.get(r, "{content}")
         assistant = r == "assistant"
         body = _pattern(c, body_src if isinstance(body_src, str) else None, tokens,
-                        frozenset({"content", "reasoning", "calls"} if assistant else {"content", "tool_call_id"}),
+                        frozenset({"content", "reasoning", "calls", "results"} if assistant
+                                  else {"content", "tool_call_id"}),
                         mconds | {"show_reasoning", "has_text"} if assistant else mconds, f"roles.body.{r}",
                         ("content",))
         if not isinstance(body_src, str):
@@ -236,17 +247,24 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         group = tab.get("group", "none")
         if group not in ("none", "run"):
             c.add("group is \"run\" (messages of the role in a row share one frame) or \"none\"", f"{here}.group")
-        fo = _pattern(c, _str(c, tab, "open", here), tokens, frozenset({"role"}), mconds, f"{here}.open")
-        fc = _pattern(c, _str(c, tab, "close", here), tokens, frozenset(), mconds, f"{here}.close")
+        fo = _pattern(c, _str(c, tab, "open", here), tokens, frozenset({"role"}) | split_frame, mconds,
+                      f"{here}.open")
+        fc = _pattern(c, _str(c, tab, "close", here), tokens, split_frame, mconds, f"{here}.close")
         if fo is not None and fc is not None:
             frames[r] = RoleFrame(fo, fc, group == "run")
 
     sy = _table(c, data, "system")
-    c.keys(sy, ("default", "with_tools", "hoist", "join", "head", "turn"), "system")
+    c.keys(sy, ("default", "with_tools", "hoist", "join", "head", "turn", "roles"), "system")
     # The system turn, always written: the first system message, the text
-    # options, whether tools are given.
+    # options, whether tools are given (some_tools: at least one), the
+    # declaration a value syntax writes.
     system_turn = _pattern(c, _str(c, sy, "turn", "system", "") or None, tokens,
-                           frozenset({"system", *text_options}), conds | {"has_system", "has_tools"}, "system.turn")
+                           frozenset({"system", "tools", *text_options}),
+                           conds | {"has_system", "has_tools", "some_tools"} | split_turn, "system.turn")
+    system_roles = _strings(c, sy, "roles", "system") or ("system",)
+    if "roles" in sy and ("system" not in system_roles or any(r not in accepted for r in system_roles)):
+        c.add("roles lists accepted roles a first message the system turn holds may have, system among them",
+              "system.roles")
     if system_turn is None and "turn" not in sy:
         # Nothing else writes a text option: it is never silently ignored.
         for k in text_options:
@@ -261,7 +279,15 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         default_system = None
 
     co = _table(c, data, "content")
-    c.keys(co, ("parts", "missing", "image", "cut", "suffix"), "content")
+    c.keys(co, ("parts", "missing", "image", "cut", "suffix", "trim", "strip", "forbid"), "content")
+    content_trim = _strings(c, co, "trim", "content")
+    if any(r not in accepted for r in content_trim):
+        c.add("trim lists accepted roles whose text is trimmed part by part", "content.trim")
+    strip = co.get("strip")
+    if strip is not None and not (isinstance(strip, list) and len(strip) == 2
+                                  and all(isinstance(x, str) and x for x in strip)):
+        c.add("strip is two non-empty strings: an assistant's text loses what lies between them", "content.strip")
+        strip = None
     suffix = _suffix(c, co.get("suffix"), accepted, tokens, conds)
     cut = None
     cut_tab = co.get("cut")
@@ -302,8 +328,9 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     if isinstance(given_missing, dict):
         # By role: { default = "refuse", tool = "empty" }.
         for r, v in given_missing.items():
-            if v not in (REFUSE, "empty") or (r != "default" and r not in accepted):
-                c.add("missing is \"refuse\" or \"empty\", for default and for accepted roles", f"content.missing.{r}")
+            if v not in (REFUSE, "empty", "with_calls") or (r != "default" and r not in accepted):
+                c.add("missing is \"refuse\", \"empty\" or \"with_calls\" (empty beside calls, else refused), for "
+                      "default and for accepted roles", f"content.missing.{r}")
             elif r != "default":
                 missing_by_role[r] = v
         missing = given_missing.get("default", REFUSE)
@@ -312,11 +339,12 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     else:
         missing = _choice(c, co, "missing", "content", (REFUSE, "empty"), REFUSE)
     policies: dict[str, str] = {}
-    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS, LAST_USER),
+    kinds = {"calls": (DROP, REFUSE, EACH), "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS, LAST_USER, SYNTAX),
              "reasoning": (DROP, HISTORY)}
-    extra = {"calls": ("each", "section", "ids", "id", "pair", "id_tail", *CALL_KEYS),
-             "tools": ("each", "block", "turn", "pair", "skip"),
-             "reasoning": ("show", "query_excludes", "last", "split", "block", "opened")}
+    extra = {"calls": ("each", "section", "ids", "id", "pair", "id_tail", "syntax", "result", "pending", "leave_open",
+                       "keep", *CALL_KEYS),
+             "tools": ("each", "block", "turn", "pair", "skip", "syntax", "keywords"),
+             "reasoning": ("show", "query_excludes", "last", "split", "block", "opened", "ending", "keys")}
     tabs: dict[str, dict[str, Any]] = {}
     for section, allowed in kinds.items():
         tab = tabs[section] = _table(c, data, section)
@@ -327,7 +355,33 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     calls_each = tools_each = tools_block = with_tools = tools_turn = call_section = call_id = None
     ct = tabs["calls"]
     call_ids = _choice(c, ct, "ids", "calls", ("absent", "given", "generated"), "absent")
-    arguments = _choice(c, ct, "arguments", "calls", ("as_given", "tojson", "string", "pairs"), "as_given")
+    arguments = _choice(c, ct, "arguments", "calls", ("as_given", "tojson", "string", "pairs", SYNTAX), "as_given")
+    calls_syntax = _syntax(c, ct, "calls", "write") if arguments == SYNTAX else ""
+    tools_syntax = _syntax(c, tabs["tools"], "tools", "declare") if policies["tools"] == SYNTAX else ""
+    for section, named in (("calls", calls_syntax), ("tools", tools_syntax)):
+        if "syntax" in tabs[section] and not named:
+            c.add("a value syntax is read with " + ("arguments" if section == "calls" else "render") + " = \"syntax\"",
+                  f"{section}.syntax")
+    tools_keywords = _strings(c, tabs["tools"], "keywords", "tools")
+    if tools_keywords and not tools_syntax:
+        c.add("keywords are read with render = \"syntax\"", "tools.keywords")
+    # Tool results folded into the calling turn, right after its calls.
+    call_result = _pattern(c, _str(c, ct, "result", "calls", "") or None, tokens, frozenset({"name", "content"}),
+                           conds, "calls.result", ("content",))
+    calls_pending = _pattern(c, _str(c, ct, "pending", "calls", "") or None, tokens, frozenset(), conds,
+                             "calls.pending")
+    leave_open = ct.get("leave_open", False)
+    if not isinstance(leave_open, bool):
+        c.add("'leave_open' must be true or false", "calls.leave_open")
+        leave_open = False
+    if call_result is None:
+        for key, used in (("calls.pending", calls_pending is not None), ("calls.leave_open", leave_open),
+                          ("roles.continue", bool(continues)), ("content.trim", bool(content_trim)),
+                          ("content.strip", strip is not None)):
+            if used:
+                c.add("read where tool results are folded into the calling turn ([calls] result)", key)
+    elif policies["calls"] != EACH:
+        c.add("results are folded after calls: [calls] render = \"each\"", "calls.result")
     call_pair = None
     if arguments == "pairs":
         # Each argument written by a pattern of its key and its value (a
@@ -339,7 +393,7 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     if policies["calls"] == EACH:
         call_slots = {"name", "arguments"} | ({"id"} if call_ids != "absent" else set())
         calls_each = _pattern(c, _str(c, ct, "each", "calls"), tokens, frozenset(call_slots),
-                              conds | {"first", "has_content"}, "calls.each",
+                              conds | {"first", "has_content", "string"}, "calls.each",
                               ("arguments", "id") if call_ids != "absent" else ("name", "arguments"))
         call_section = _pattern(c, _str(c, ct, "section", "calls", "") or None, tokens, frozenset({"calls"}), conds,
                            "calls.section", ("calls",))
@@ -375,7 +429,8 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     if type(id_tail) is not int or not 0 <= id_tail <= 256 or (id_tail and call_ids != "given"):
         c.add("id_tail is an integer from 1 to 256, read with ids = \"given\"", "calls.id_tail")
         id_tail = 0
-    calls_content = "keep" if "turns" in data else _choice(c, ct, "content", "calls", ("keep", DROP), "keep")
+    calls_content = "keep" if "turns" in data else _choice(c, ct, "content", "calls",
+                                                           ("keep", DROP, "reasoning"), "keep")
     tools_turn_each = None
     if policies["tools"] == TURN:
         tools_turn = _pattern(c, _str(c, tabs["tools"], "turn", "tools"), tokens, frozenset({"tools"}), conds,
@@ -402,11 +457,29 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
 
     pr = _table(c, data, "prompt", required=True)
     c.keys(pr, ("body",), "prompt")
-    prompt = _pattern(c, _str(c, pr, "body", "prompt"), tokens, frozenset(), conds | {"after_user"}, "prompt.body")
+    prompt = _pattern(c, _str(c, pr, "body", "prompt"), tokens, frozenset(), conds | {"after_user", "after_calls"},
+                      "prompt.body")
 
     turns = build_turns(c, data, tokens, options, _pattern)
     if (turns is None) != (policies["tools"] != TURNS) and not c.problems:
         c.add("[tools] render = \"turns\" and a [turns] section go together", "turns")
+    if system_turn is not None and ("tools" in system_turn.slots()) != (policies["tools"] == SYNTAX):
+        c.add("the system turn's {tools} slot and [tools] render = \"syntax\" go together", "system.turn")
+    reasoning_keys = _strings(c, rt, "keys", "reasoning")
+    if reasoning_keys and (call_result is None or set(reasoning_keys) - {"reasoning", "reasoning_content", "thinking"}):
+        c.add("keys lists reasoning, reasoning_content and thinking in the order the template reads them, where "
+              "tool results are folded", "reasoning.keys")
+    if call_result is not None and policies["reasoning"] == HISTORY and show != "after_last_user":
+        c.add("where results are folded, reasoning is shown by show = \"after_last_user\"", "reasoning.show")
+    if call_result is None:
+        # Only the writer of folded results asks these.
+        for key, p, names in (("prompt.body", prompt, {"after_calls"}), ("calls.each", calls_each, {"string"})):
+            if p is not None and _asks(p.items, frozenset(names)):
+                c.add(f"{' and '.join(sorted(names))} is asked where tool results are folded ([calls] result)", key)
+    if "assistant" in roles and "results" in roles["assistant"].body.slots() and call_result is None:
+        c.add("the {results} slot is read where tool results are folded ([calls] result)", "roles.body.assistant")
+    split = build_split(c, data, accepted, [*(r.body for r in roles.values()), *(f.open for f in frames.values()),
+                                            *(f.close for f in frames.values())])
     if c.problems or name is None or frame_open is None or frame_close is None or prompt is None:
         return None
     patterns = [frame_open, frame_close, prompt, *(r.body for r in roles.values())]
@@ -433,8 +506,14 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         ("call ids cut to their last characters", bool(id_tail)),
         ("the content beside calls left out", calls_content == DROP),
         ("the first part of a content list", "first" in parts_by_role.values()),
-        ("a content list as Python's str()", "str" in parts_by_role.values()))
-        if used)
+        ("a content list as Python's str()", "str" in parts_by_role.values()),
+        ("tools declared by a value syntax", bool(tools_syntax)),
+        ("arguments written by a value syntax", bool(calls_syntax)),
+        ("tool results folded into the calling turn", call_result is not None),
+        ("a turn continued by the next message of its role", bool(continues)),
+        ("content trimmed part by part", bool(content_trim)),
+        ("text cut out of an answer's content", strip is not None))
+        if used) + (split.render_only if split is not None else ())
     if turns is not None:
         # The writer of [turns] formats writes none of these.
         for what, key, used in (("a head", "system.head", head is not None),
@@ -460,7 +539,28 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         message_conds=message_conds, content_cut=cut, reasoning_opened=pairs["opened"], option_aliases=aliases,
         parseable=parseable, head=head, tools_turn_each=tools_turn_each, content_suffix=suffix, call_pair=call_pair,
         render_only=render_only, system_turn=system_turn, text_options=text_options, first_only=first_only,
-        tools_pair=tools_pair, tools_skip=tools_skip, id_tail=id_tail, calls_content=calls_content)
+        tools_pair=tools_pair, tools_skip=tools_skip, id_tail=id_tail, calls_content=calls_content,
+        system_roles=system_roles, tools_syntax=tools_syntax, tools_keywords=tools_keywords, calls_syntax=calls_syntax,
+        call_result=call_result, calls_pending=calls_pending, results_open=leave_open, continues=continues,
+        content_trim=content_trim, content_strip=(strip[0], strip[1]) if strip is not None else None,
+        reasoning_keys=reasoning_keys, split=split)
+
+
+def _syntax(c: Checker, tab: dict[str, Any], where: str, operation: str) -> str:
+    """The name of the value syntax ``[where] syntax`` names, checked to be
+    installed and to have ``operation``; "" with a problem otherwise."""
+    name = _str(c, tab, "syntax", where)
+    if name is None:
+        return ""
+    try:
+        syntax = load_value_syntax(name)
+    except TemplateError as e:
+        c.add(e.msg, f"{where}.syntax")
+        return ""
+    if operation not in syntax.operations:
+        c.add(f"value syntax {name!r} has no {operation!r} operation", f"{where}.syntax")
+        return ""
+    return name
 
 
 def _suffix(c: Checker, tab: Any, accepted: Sequence[str], tokens: Sequence[str],

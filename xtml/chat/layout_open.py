@@ -210,6 +210,10 @@ def open_drops(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> li
     that reads back as another value (a string that reads as a number, a
     number a string property reads as text), and an empty last answer
     written as the generation prompt writes itself."""
+    raw = request.get("messages") if isinstance(request, Mapping) else request
+    if isinstance(raw, list) and all(isinstance(m, Mapping) for m in raw) and raw \
+            and not any(m.get("tool_calls") for m in raw) and raw[-1].get("role") != "assistant":
+        return []  # no calls and no last answer: nothing to read again
     msgs, resolved, _, opts = read_request(d, request, options)
     props = schemas(opts.get("tools") or None)
     out: list[Dropped] = []

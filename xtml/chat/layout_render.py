@@ -7,9 +7,10 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ..errors import OptionError
+from ..errors import MessageError, OptionError
 from ..markup.segments import Segment
 from .layout import EACH, HISTORY, LAST_USER, SYSTEM, TURN, LayoutDialect
+from .layout_fold import declared_by_syntax, fold
 from .layout_parse import read_back
 from .layout_pattern import Builder, Pattern, Value, holds
 from .layout_request import Dropped, Msg, name_of_id, read_request
@@ -37,7 +38,7 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
     if d.head is not None:
         d.head.render({}, conds, b)
     if d.system_turn is not None:
-        start = _system_turn(d, msgs, resolved, opts, conds, b)
+        start = _system_turn(d, msgs, resolved, opts, conds, b, dropped)
     declaration = _before_last_user(d, msgs, opts, conds, dropped)
     if tools and d.tools == TURN:
         assert d.tools_turn is not None
@@ -64,6 +65,10 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
         _frame(d, "system", d.default_system, conds, b)
     if d.system_hoist is not None:
         d.system_hoist.render({"system": _hoisted(d, msgs)}, conds, b)
+    if d.call_result is not None:
+        # Results written in the turn that called for them: a loop of its own.
+        fold(d, msgs[start:], resolved, conds, b, dropped)
+        return Rendering(b.finish(), tuple(dropped), resolved, opts)
     last_query = _last_query(d, msgs)
     n = len(msgs)
     prev = ""
@@ -113,15 +118,24 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
 
 
 def _system_turn(d: LayoutDialect, msgs: Sequence[Msg], resolved: Mapping[str, Any], opts: Mapping[str, Any],
-                 conds: Mapping[str, bool], b: Builder) -> int:
+                 conds: Mapping[str, bool], b: Builder, dropped: list[Dropped]) -> int:
     """Writes the format's own system turn; the index of the first message
     left to write (past the system message it holds)."""
     turn = d.system_turn
     assert turn is not None
-    has_system = msgs[0].role == "system"
+    has_system = msgs[0].role in d.system_roles
+    if has_system and isinstance((msgs[0].raw or {}).get("content"), list) and \
+            d.parts_by_role.get(msgs[0].role) not in ("first", "str"):
+        # The turn holds the system message as a string: the template would
+        # print a list as Python's str() of it.
+        raise MessageError(f"the {d.name} format writes the first {msgs[0].role} message's content as a string: a "
+                           "list of parts is not read there", index=0, path="content")
     values: dict[str, Value] = {"system": msgs[0].content if has_system else ""}
     values.update({k: resolved[k] for k in d.text_options})
-    turn.render(values, {**conds, "has_system": has_system, "has_tools": opts.get("tools") is not None}, b)
+    given = opts.get("tools")
+    values["tools"] = declared_by_syntax(d, _tool_list(given), dropped) if d.tools_syntax and given else ""
+    turn.render(values, {**conds, "has_system": has_system, "has_tools": given is not None,
+                         "some_tools": bool(given)}, b)
     return int(has_system)
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from ..errors import MessageError, OptionError, RequestError, shown
 from ..lru import Lru
-from .layout import DROP, EACH, HISTORY, LAST_USER, REFUSE, SYSTEM, TURN, LayoutDialect
+from .layout import DROP, EACH, HISTORY, LAST_USER, REFUSE, SYNTAX, SYSTEM, TURN, LayoutDialect
 from .layout_pattern import Builder, Lit, Slot
 from .layout_turn import KEEP, TURNS
 from .request import OPTION_NAMES, split_request
@@ -58,11 +58,13 @@ class Msg(NamedTuple):
     """The message as read, None-valued keys dropped."""
 
 
-def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> tuple[
+def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any],
+                 check: Callable[[int, str, Mapping[str, Any]], None] | None = None) -> tuple[
         list[Msg], dict[str, Any], list[Dropped], dict[str, Any]]:
     """The request as the format reads it: transformers' preprocessing
     (None-valued keys dropped), the declared refusals raised, the declared
-    drops listed."""
+    drops listed. ``check`` (index, role, message) raises a writer's own
+    refusals of each message before this reader's, in the template's order."""
     request, options, own = _own_options(d, request, options)
     messages, opts = split_request(request, options)
     opts.update(own)
@@ -96,7 +98,7 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
                 "thinking_effort", "reasoning_effort", "image_prompts"):
         if key in resolved or key in d.option_aliases.values() or opts.get(key) in (None, [], {}):
             continue
-        if key == "tools" and d.tools in (SYSTEM, TURN, TURNS, LAST_USER):
+        if key == "tools" and d.tools in (SYSTEM, TURN, TURNS, LAST_USER, SYNTAX):
             continue
         if key == "tools" and d.tools == REFUSE:
             raise OptionError(f"the {d.name} format has no place for tools", option="tools")
@@ -119,6 +121,8 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
         if role in d.first_only and i > 0:
             raise MessageError(f"the {d.name} format writes a {role} message only first (the template raises on a "
                                "later one)", index=i, path="role")
+        if check is not None:
+            check(i, role, m)
         content = m.get("content")
         parts: tuple[str | None, ...] = ()
         if d.calls_content == DROP and role == "assistant" and m.get("tool_calls") == []:
@@ -131,11 +135,12 @@ def read_request(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
                 dropped.append(Dropped(i, "content", f"the {d.name} format does not write content beside calls"))
             content = ""
         if content is None:
-            if d.missing_by_role.get(role, d.content_missing) == REFUSE:
+            missing = d.missing_by_role.get(role, d.content_missing)
+            if missing == REFUSE or (missing == "with_calls" and not m.get("tool_calls")):
                 why = " (an assistant's tool calls are not written by this format; give content, even \"\")" \
                     if m.get("tool_calls") else ""
-                raise MessageError(f"the {d.name} format needs content on every message{why}", index=i,
-                                   path="content")
+                where = "every message" if missing == REFUSE else "a message without calls"
+                raise MessageError(f"the {d.name} format needs content on {where}{why}", index=i, path="content")
             content = ""
         elif isinstance(content, list | tuple) and d.parts_by_role.get(role) == KEEP:
             content = ""  # the body writes the list itself, from raw
@@ -420,7 +425,8 @@ def _own_options(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> 
     keyword options: the keyword ones win, then ``chat_template_kwargs``,
     as for every option."""
     turn_options = d.header_turns.options if d.header_turns is not None else ()
-    names = [k for k in (*d.options, *d.option_aliases.values(), *turn_options, *d.text_options)
+    lists = d.split.lists if d.split is not None else ()
+    names = [k for k in (*d.options, *d.option_aliases.values(), *turn_options, *d.text_options, *lists)
              if k not in OPTION_NAMES]
     own: dict[str, Any] = {}
     if not names:

@@ -28,8 +28,9 @@ def build_turns(c: Any, data: Mapping[str, Any], tokens: tuple[str, ...], bools:
     if tab is None:
         # What only a [turns] format reads is never silently ignored.
         for name, v in (data.get("options") or {}).items():
-            # (A string option is read by every format.)
-            if isinstance(v, dict) and v.get("type") == STRINGS:
+            # (A string option is read by every format; a list of values,
+            # each a condition, by a format that writes a message as several.)
+            if isinstance(v, dict) and v.get("type") == STRINGS and "values" not in v:
                 c.add(f"a {v['type']} option is read by a format with a [turns] section", f"options.{name}")
         calls = data.get("calls")
         for key in CALL_KEYS:
