@@ -336,27 +336,27 @@ def _reader(d: LayoutDialect) -> _Open:
 
 def _declared(o: _Open, lx: Lexed, m: re.Match[str]) -> list[Any]:
     """The tools of the declaration's turn: each a JSON value between the
-    literal text the format writes around one."""
+    literal text the format writes around one (the first end after which
+    the text read is JSON: the literal may occur inside a value)."""
     text = m.group("tools")
     base = m.start("tools")
     before, after = o.each
-    decoder = json.JSONDecoder()
     out: list[Any] = []
     pos = 0
     while pos < len(text):
         if not text.startswith(before, pos):
             raise ParseError("a tool declaration that is not as the format writes one", offset=lx.offset(base + pos))
         pos += len(before)
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except (ValueError, RecursionError):
-            raise ParseError("a tool declaration that is not JSON", offset=lx.offset(base + pos)) from None
-        if not text.startswith(after, end):
-            raise ParseError("a tool declaration that is not as the format writes one", offset=lx.offset(base + end))
-        out.append(value)
+        end = text.find(after, pos) if after else len(text)
+        while True:
+            if end < 0:
+                raise ParseError("a tool declaration that is not JSON", offset=lx.offset(base + pos))
+            try:
+                out.append(jsonfmt.read(text[pos:end]))
+                break
+            except ValueError:  # nested past Python's reader too (jsonfmt.TooDeep)
+                end = text.find(after, end + 1) if after else -1
         pos = end + len(after)
-        if not after and not before:
-            break
     return out
 
 
