@@ -2,7 +2,7 @@
 the silent losses of each on the generated and hostile answers the vLLM
 column is counted on (bench/bench_vllm_families.py, --losses).
 
-    .venv/bin/python bench/bench_llamacpp_families.py                 # every answer of the five families
+    .venv/bin/python bench/bench_llamacpp_families.py                 # every answer of the six families
     .venv/bin/python bench/bench_llamacpp_families.py --quick         # 3 generated + 3 hostile a family
     .venv/bin/python bench/bench_llamacpp_families.py --only kimi-k2,qwen3
 

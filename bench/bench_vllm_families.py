@@ -13,7 +13,7 @@ hold to the same answers: ``qwen3`` against ``hermes`` with the ``qwen3``
 reasoning parser, ``llama-3.1`` against ``llama3_json``, ``deepseek-v3.1``
 against ``deepseek_v31`` with ``deepseek_v3``, ``kimi-k2`` against
 ``kimi_k2``, ``kimi-k2-thinking`` against ``kimi_k2`` with its reasoning
-parser. xtml's side is the tool and reasoning parser ``xtml`` with
+parser, ``glm-4.6`` against ``glm45`` with its reasoning parser. xtml's side is the tool and reasoning parser ``xtml`` with
 ``XTML_TEMPLATE`` naming the dialect.
 
 Run by the project's venv, the script renders each dialect's answers with
@@ -33,7 +33,7 @@ detokenizer leaves a stop token's text out.
 Each answer is the last assistant turn as the dialect renders it after a
 one-question prompt with bench_core's four tools (up to and with the stop
 token): reasoning (about half, where the format writes it: ``qwen3``,
-``deepseek-v3.1`` with ``thinking``, ``kimi-k2-thinking``), prose with lists
+``deepseek-v3.1`` with ``thinking``, ``kimi-k2-thinking``, ``glm-4.6``), prose with lists
 and code blocks (about 30%), and tool calls with typed arguments (about 20%,
 one call every ~60 ids). Llama 3.1 writes either text or one bare JSON call
 and nothing else, so it has two workloads: ``llama-3.1 text`` (prose only)
@@ -144,6 +144,7 @@ WORKLOADS = [
     Workload("deepseek-v3.1", "deepseek-v3.1", "deepseek_v31", "deepseek_v3", {"thinking": True}),
     Workload("kimi-k2", "kimi-k2", "kimi_k2", None),
     Workload("kimi-k2-thinking", "kimi-k2-thinking", "kimi_k2", "kimi_k2"),
+    Workload("glm-4.6", "glm-4.6", "glm45", "glm45"),
 ]
 
 
@@ -223,6 +224,11 @@ def answer(w: Workload, template: Any, vocab: Any, n: int, seed: int) -> tuple[l
             text = msg["reasoning_content"] + whole[len(prompt) - len(opened[0]):]
         else:
             raise SystemExit(f"bench_vllm_families: {w.name}: the answer's render does not extend the prompt")
+        if template.layout.open_turns and not any(s in text for s in template.layout.stops):
+            # No marker closes the turn: the model ends it with the next
+            # turn's token (the results' after calls).
+            meaning = "tool_wait" if msg.get("tool_calls") else "end"
+            text += next(k for k, m in template.layout.stops.items() if m == meaning)
         at, stop = min((text.find(s), s) for s in template.layout.stops if s in text)
         ids = template.completion_ids(text[:at + len(stop)], vocab)
         if abs(len(ids) - n) <= 0.02 * n:

@@ -28,7 +28,7 @@ HOSTILE = ("a marker in the content (ordinary ids)", "truncation inside a call")
 # llama.cpp's Kimi parser writes an empty reasoning before a continued
 # message (K2 and K2 Thinking share it); every other family's parse input
 # is the generation prompt and the answer alone.
-BETWEEN = {"kimi-k2": "<think></think>", "glm-4.6": "<think></think>\n"}
+BETWEEN = {"kimi-k2": "<think></think>"}
 
 Rows = list[tuple[lf.Case, dict[str, Any]]]
 

@@ -253,20 +253,25 @@ class Server:
             # Nothing to continue: the parse input is the generation prompt
             # alone, as after a model that stops at once.
             return plain, ""
-        tries = [({"role": "assistant", "content": case.text}, "content")]
-        for opened in ("<think>\n", "<think>", ""):
+        tries = [({"role": "assistant", "content": case.text}, "content", case.text)]
+        for opened in ("<think>\n", "\n<think>", "<think>", ""):
             if case.text.startswith(opened):
                 rest = case.text[len(opened):]
-                tries.append(({"role": "assistant", "content": "", "reasoning_content": rest}, "reasoning_content"))
+                # (GLM-4.6 writes a newline before the block, which
+                # llama.cpp's render of a continued answer leaves out: the
+                # answer is read from its block on.)
+                shown = case.text[len(opened) - len(opened.lstrip("\n")):]
+                tries.append(({"role": "assistant", "content": "", "reasoning_content": rest}, "reasoning_content",
+                              shown))
         best: tuple[dict[str, Any], str] | None = None
-        for msg, mode in tries:
+        for msg, mode, text in tries:
             if mode == "reasoning_content" and not msg["reasoning_content"]:
                 continue
             body = self._body(case, msg, mode)
             got = self._prompt(body)
-            if got is None or not got.startswith(base) or not got.endswith(case.text):
+            if got is None or not got.startswith(base) or not got.endswith(text):
                 continue
-            inserted = got[len(base):len(got) - len(case.text)]
+            inserted = got[len(base):len(got) - len(text)]
             if inserted == "":
                 return body, ""
             best = best or (body, inserted)

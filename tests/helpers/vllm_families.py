@@ -84,7 +84,8 @@ FAMILIES = [
     Family("kimi-k2-thinking", "kimi_k2+kimi_k2", _kimi_call,
            "<|tool_calls_section_begin|>%s<|tool_calls_section_end|>", "<|im_end|>", "<|tool_call_end|>",
            think=("<think>", "</think>")),
-    Family("glm-4.6", "glm45+glm45", _glm_call, "%s", "<|user|>", "</arg_value>", think=("\n<think>", "</think>")),
+    Family("glm-4.6", "glm45+glm45", _glm_call, "%s", "<|user|>", "</arg_value>", think=("\n<think>", "</think>"),
+           options={"enable_thinking": True}),
 ]
 # Qwen3 beside vLLM's hermes and qwen3 parsers: tests/test_vllm_layout.py
 # holds it on answers of its own; the bench reads it as it reads the others.
