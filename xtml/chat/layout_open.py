@@ -24,7 +24,7 @@ from ..lru import Lru
 from ..plugins import jsonfmt
 from .layout import LayoutDialect
 from .layout_parse import Lexed, _made, _Repairs, _Shape, _shifted, _text, first_of
-from .layout_pattern import ANY_TEXT, CODECS, Builder, Cond, Item, Lit, Pattern, Slot, Tok, options_of
+from .layout_pattern import ANY_TEXT, CODECS, Builder, Item, Lit, Pattern, Slot, Tok, options_of, slot_codec
 from .layout_render import _last_query, _reasoning_of, _suffixed
 from .layout_request import Dropped, read_request
 
@@ -110,21 +110,8 @@ def changed_by_pairs(arguments: str, props: Mapping[str, Any] | None) -> list[st
 # -- the normal form -------------------------------------------------------------------------
 
 
-def _slot_codec(p: Pattern, name: str) -> str:
-    def walk(items: Sequence[Item]) -> str | None:
-        for i in items:
-            if isinstance(i, Slot) and i.name == name:
-                return i.codec
-            if isinstance(i, Cond):
-                found = walk(i.body)
-                if found is not None:
-                    return found
-        return None
-    return walk(p.items) or ""
-
-
 def _coder(p: Pattern, name: str) -> Callable[[str], str]:
-    codec = _slot_codec(p, name)
+    codec = slot_codec(p, name)
     return CODECS[codec] if codec and codec != "tojson" else (lambda v: v)
 
 

@@ -20,7 +20,8 @@ from ..errors import TemplateError, shown
 from ..markup.segments import Segment
 
 __all__ = ["ANY_TEXT", "CODECS", "MAX_TOKENS", "TOKEN_BASE", "Builder", "Cond", "Item", "Lit", "Pattern", "Slot",
-           "Tok", "Value", "holds", "item_regex", "items_regex", "options_of", "token_char", "token_finder"]
+           "Tok", "Value", "holds", "item_regex", "items_regex", "options_of", "slot_codec", "token_char",
+           "token_finder"]
 
 
 TOKEN_BASE = 0xD800
@@ -78,6 +79,21 @@ CODECS: dict[str, Callable[[str], str]] = {
 }
 """The ways a slot's value may be written (Python's ``str.strip`` family:
 what the official templates apply)."""
+
+
+def slot_codec(p: Pattern, name: str) -> str:
+    """How a pattern writes its slot ``name`` (one of :data:`CODECS`), ""
+    where it writes it as it is or not at all."""
+    def walk(items: Sequence[Item]) -> str | None:
+        for i in items:
+            if isinstance(i, Slot) and i.name == name:
+                return i.codec
+            if isinstance(i, Cond):
+                found = walk(i.body)
+                if found is not None:
+                    return found
+        return None
+    return walk(p.items) or ""
 
 
 def holds(expr: str, conds: Mapping[str, bool]) -> bool:

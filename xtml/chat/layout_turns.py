@@ -29,6 +29,7 @@ from .layout_pattern import (
     Slot,
     Tok,
     Value,
+    slot_codec,
 )
 from .layout_render import Rendering
 from .layout_request import Dropped, Msg, read_request
@@ -98,21 +99,8 @@ def _dump(t: TurnLayout, tool: Any) -> str:
         raise OptionError(f"a tool is not JSON: {e}", option="tools") from None
 
 
-def _slot_codec(p: Pattern, name: str) -> str:
-    def walk(items: Sequence[Item]) -> str | None:
-        for i in items:
-            if isinstance(i, Slot) and i.name == name:
-                return i.codec
-            if isinstance(i, Cond):
-                found = walk(i.body)
-                if found is not None:
-                    return found
-        return None
-    return walk(p.items) or ""
-
-
 def _coded(p: Pattern, name: str, value: str) -> str:
-    codec = _slot_codec(p, name)
+    codec = slot_codec(p, name)
     return CODECS[codec](value) if codec else value
 
 
@@ -306,7 +294,7 @@ def normal_form_turns(d: LayoutDialect, request: Any, options: Mapping[str, Any]
             out.append({"role": "assistant", "content": "", "tool_calls": calls})
             continue
         body = d.roles[m.role].body
-        if _slot_codec(body, "content") == "tojson":
+        if slot_codec(body, "content") == "tojson":
             parts = _kept_parts(m) if d.parts_by_role.get(m.role) == KEEP else None
             out.append({"role": m.role, "content": m.content if parts is None else parts})
         else:
@@ -503,7 +491,7 @@ def parse_prompt_turns(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
             raise ParseError(f"a {r.name} message that does not end as the format ends one",
                              offset=lx.offset(mo.end()))
         content: Any = mb.group("content") or ""
-        if _slot_codec(r.body, "content") == "tojson":
+        if slot_codec(r.body, "content") == "tojson":
             try:
                 content = jsonfmt.read(content)
             except ValueError:  # nested past Python's reader too (jsonfmt.TooDeep)
