@@ -358,3 +358,21 @@ def test_short_answers_stream_alike_in_every_grouping(tpl: xtml.Template) -> Non
         "a \n<tool_call>f\n</tool_call>",
         "<tool_call>f\n<arg_key>k</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"])
     assert n >= 300
+
+
+def test_the_cli_parses_an_answer_with_the_requests_tools(tmp_path: Path) -> None:
+    from tests.helpers.cli import run
+
+    answer = tmp_path / "answer.txt"
+    answer.write_text("\n<think>hm</think>" + call("f", s="42", n="42") + "<|observation|>", encoding="utf-8")
+    tools = tmp_path / "request.json"
+    tools.write_text(json.dumps({"messages": [], "tools": TOOLS}), encoding="utf-8")
+    code, out, err = run(["parse", "-t", NAME, "--completion", "--tools", str(tools), str(answer)])
+    assert code == 0, err
+    assert json.loads(json.loads(out)["tool_calls"][0]["function"]["arguments"]) == {"s": "42", "n": 42}
+    code, out, _ = run(["parse", "-t", NAME, "--completion", str(answer)])
+    assert code == 0 and json.loads(json.loads(out)["tool_calls"][0]["function"]["arguments"]) == {"s": 42, "n": 42}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"tools": 3}', encoding="utf-8")
+    code, out, err = run(["parse", "-t", NAME, "--completion", "--tools", str(bad), str(answer)])
+    assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and "expected a JSON list of tools" in err

@@ -77,6 +77,7 @@ EPILOG_PARSE = """examples:
   xtml parse output_ids.json --tokenizer tok.json --completion --openai           # a chat.completion object
   xtml parse output_ids.json --tokenizer tok.json --completion --openai --stream  # one chunk per line
   xtml parse examples/completion.txt --from text --tokenizer tok.json --completion --stream --sse
+  xtml parse answer.txt -t glm-4.6 --completion --tools request.json     # arguments typed by the tools
 
 --openai reads the completion leniently and prints what an OpenAI-compatible server returns for it
 (docs/serving.md): a chat.completion object, or with --stream one chat.completion.chunk object per
@@ -165,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --completion: was the prompt in thinking mode (default: the template's)")
     p.add_argument("--lenient", action="store_true",
                    help="repair malformed input and report diagnostics instead of failing")
+    p.add_argument("--tools", metavar="FILE",
+                   help="with --completion: the request's tools (a JSON list, or a request holding one), which "
+                        "type the arguments of a format that writes them untyped (glm-4.6's key/value pairs)")
     p.add_argument("--openai", action="store_true",
                    help="with --completion: print the OpenAI chat.completion object (lenient parse)")
     p.add_argument("--stream", action="store_true",
@@ -428,11 +432,13 @@ def _parse(args: argparse.Namespace, out: TextIO) -> None:
     else:
         # A trailing newline from an editor or `echo` is not part of the text.
         data = raw.removesuffix("\n").removesuffix("\r") if raw.endswith("\n") else raw
+    tools = _tools(args.tools)
     if args.openai:
-        _openai(args, tpl, data, vocab, out)
+        _openai(args, tpl, data, vocab, out, tools)
         return
     try:
-        result = tpl.parse(data, vocab, completion=args.completion, lenient=args.lenient, thinking=args.thinking)
+        result = tpl.parse(data, vocab, completion=args.completion, lenient=args.lenient, thinking=args.thinking,
+                           tools=tools)
     except ParseError as e:
         if args.completion or not _looks_like_completion(tpl, data, vocab) or (
                 vocab is not None and any(not 0 <= t < vocab.size for t in data)):
@@ -467,12 +473,25 @@ def _looks_like_completion(tpl: Template, data: Any, vocab: Vocabulary | None) -
     return tpl.bind(vocab).kind_of_id.get(data[0], ("", ""))[1] != tpl.markers.open
 
 
-def _openai(args: argparse.Namespace, tpl: Template, data: Any, vocab: Vocabulary | None, out: TextIO) -> None:
+def _tools(path: str | None) -> Any:
+    """The tools ``--tools`` names: a JSON list, or a request holding one."""
+    if path is None:
+        return None
+    found = _json(_read(path), path)
+    if isinstance(found, dict):
+        found = found.get("tools")
+    if not isinstance(found, list):
+        raise _UserError(f"{path}: expected a JSON list of tools, or a request with \"tools\"")
+    return found
+
+
+def _openai(args: argparse.Namespace, tpl: Template, data: Any, vocab: Vocabulary | None, out: TextIO,
+            tools: Any = None) -> None:
     from ..serving.openai import SSE_DONE, ChunkStream, chat_completion, sse
 
     model = tpl.name
     if not args.stream:
-        parsed = tpl.parse(data, vocab, completion=True, lenient=True, thinking=args.thinking)
+        parsed = tpl.parse(data, vocab, completion=True, lenient=True, thinking=args.thinking, tools=tools)
         out.write(json.dumps(chat_completion(parsed, model=model), ensure_ascii=False, indent=2) + "\n")
         return
     if vocab is None:
@@ -480,7 +499,7 @@ def _openai(args: argparse.Namespace, tpl: Template, data: Any, vocab: Vocabular
             raise _UsageError("--stream streams token ids: give --tokenizer (text is turned into ids with it)")
         vocab = _tokenizer(args, tpl)
         data = tpl.completion_ids(data, vocab)
-    parser = tpl.stream(vocab, thinking=args.thinking)
+    parser = tpl.stream(vocab, thinking=args.thinking, tools=tools)
     chunks = ChunkStream(model=model, template=tpl)
     # Token by token, as a server streams: each chunk is what one token completed.
     for events in (*(parser.feed(t) for t in data), parser.close()):
