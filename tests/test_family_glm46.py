@@ -22,18 +22,18 @@ from typing import Any
 import pytest
 
 import xtml
-from tests.helpers.families import llama_template
-from tests.helpers.family_requests import REFERENCES, family_requests, hf_render
+from tests.helpers.family_cases import dialect_fixtures, names_its_reference, reference_template, texts_match
+from tests.helpers.family_requests import hf_render
 from tests.helpers.kimi_families import (
     REASONING_KEYS,
     Case,
     check_any_answer_streams,
     check_every_grouping,
     check_parse,
-    check_texts,
     given_reasoning,
     joined,
     last_turns,
+    stream_in_groupings,
     vocabulary,
 )
 from xtml.errors import MessageError
@@ -41,23 +41,7 @@ from xtml.errors import MessageError
 NAME = "glm-4.6"
 
 
-@pytest.fixture(scope="module")
-def tpl() -> xtml.Template:
-    return xtml.load(NAME)
-
-
-@pytest.fixture(scope="module")
-def cases() -> list[Case]:
-    ref = REFERENCES[NAME]
-    template = llama_template(ref.source, ref.sha256)
-    out: list[Case] = []
-    for case in family_requests(NAME):
-        try:
-            out.append((case, hf_render(NAME, template, case), None))
-        except Exception as e:  # the template's raise is the reference
-            out.append((case, None, str(e)))
-    return out
-
+tpl, cases = dialect_fixtures(NAME)
 
 def reads_otherwise(value: Any, prop: Any) -> bool:
     """Whether a value written as a pair (a string as it is, else JSON)
@@ -129,15 +113,11 @@ def tool_lists(req: dict[str, Any]) -> list[int]:
     return [i for i, m in enumerate(req["messages"]) if m["role"] == "tool" and isinstance(m.get("content"), list)]
 
 
-def test_the_file_names_its_reference(tpl: xtml.Template) -> None:
-    assert tpl.dialect.reference["sha256"] == REFERENCES[NAME].sha256  # type: ignore[attr-defined]
+test_the_file_names_its_reference = names_its_reference(NAME)
 
 
 def test_text_against_the_official_template(tpl: xtml.Template, cases: list[Case]) -> None:
-    counts = check_texts(tpl, cases, glm_drops, tool_lists)
-    print(NAME, counts)
-    assert counts["equal"] + counts["refused"] + counts["refused_repr"] == len(cases) == 400
-    assert counts["equal"] >= 300
+    counts = texts_match(tpl, cases, glm_drops, tool_lists)
     assert counts["refused"] >= 5 and counts["tools"] >= 50 and counts["reasoning_shown"] >= 10, counts
 
 
@@ -163,7 +143,8 @@ def test_spellings_the_template_has(tpl: xtml.Template) -> None:
 
 
 def test_arguments_as_json_text_are_refused_where_the_template_raises(tpl: xtml.Template) -> None:
-    req = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+    req: dict[str, Any] = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
+                                                                           "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}]}
     with pytest.raises(MessageError, match="as key/value pairs: give them as an object") as e:
         tpl.render(req)
@@ -181,8 +162,7 @@ def test_arguments_as_json_text_are_refused_where_the_template_raises(tpl: xtml.
          {"type": "function", "function": {"name": "f", "arguments": {"k": [1, "é"], "s": "raw \"q\""}}}]}],
 ])
 def test_edges_against_the_official_template(tpl: xtml.Template, messages: list[Any]) -> None:
-    ref = REFERENCES[NAME]
-    template = llama_template(ref.source, ref.sha256)
+    template = reference_template(NAME)
     case = {"request": {"messages": messages, "add_generation_prompt": False}, "options": {}}
     assert tpl.render(case["request"]).text == hf_render(NAME, template, case)
 
@@ -207,7 +187,7 @@ def test_an_assistant_body_that_asks_has_text_renders_and_only_renders(tmp_path:
     path.write_text(text.replace("[roles]\n", "[roles.body]\nassistant = \"{?has_text}T:{/}{content}\"\n\n[roles]\n",
                                  1), encoding="utf-8")
     t = xtml.load(str(path))
-    req = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}],
+    req: dict[str, Any] = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}],
            "add_generation_prompt": False}
     assert "T:" not in t.render(req).text
     assert "T:a" in t.render({**req, "messages": [req["messages"][0], {"role": "assistant", "content": "a"}]}).text
@@ -236,14 +216,7 @@ def test_a_rendered_answer_parses_back_strictly_and_streams(tpl: xtml.Template, 
         calls = want.get("tool_calls", [])
         ids = answer + tpl.completion_ids("<|observation|>" if calls else "<|user|>", vocab)
         assert tpl.parse(ids, vocab, completion=True, tools=tools) == want, req
-        parser = tpl.stream(vocab, lenient=False, tools=tools)
-        events: list[Any] = []
-        k = 0
-        while k < len(ids):
-            step = rng.randint(1, 7)
-            events += parser.feed_many(ids[k:k + step])
-            k += step
-        events += parser.close()
+        events = stream_in_groupings(tpl, ids, rng, 7, lenient=False, tools=tools)
         assert [e.message for e in events if e.type == "message_end"] == [want]
         assert joined(events, "response") == want["content"]
         assert joined(events, "think") == want.get("reasoning_content", "")
@@ -276,6 +249,13 @@ def test_values_are_typed_by_the_declared_schema(tpl: xtml.Template) -> None:
     assert json.loads(got["tool_calls"][0]["function"]["arguments"]) == {
         "s": "42", "n": 42, "o": {"a": [1]}, "e": "1", "x": True, "y": "plain"}
     # Without the schema: what reads as a JSON number, boolean, null, object or array is that value.
+    # The stream's message is the parse's, with the tools and without.
+    for tools in (TOOLS, None):
+        parser = tpl.stream(v, tools=tools)
+        ended = [e.message for e in parser.feed_many(ids) + parser.close() if e.type == "message_end"]
+        assert ended == [tpl.parse(ids, v, completion=True, lenient=True, tools=tools)]
+    streamed = json.loads(ended[0]["tool_calls"][0]["function"]["arguments"])
+    assert streamed["s"] == 42 and streamed["n"] == 42
     bare = tpl.parse(ids, v, completion=True)
     assert json.loads(bare["tool_calls"][0]["function"]["arguments"])["s"] == 42
     # A value that is not JSON of its declared type: refused strictly, withheld leniently.

@@ -14,15 +14,13 @@ import pytest
 
 import xtml
 from tests.helpers.cli import run
-from tests.helpers.family_requests import REFERENCES
+from tests.helpers.family_cases import dialect_fixtures, names_its_reference, texts_match
 from tests.helpers.kimi_families import (
     Case,
     check_answers,
     check_any_answer_streams,
     check_every_grouping,
     check_parse,
-    check_texts,
-    k2_cases,
     k2_drops,
     python_list,
     vocabulary,
@@ -32,25 +30,13 @@ from xtml.chat.template_file import builtin_files
 NAME = "kimi-k2"
 
 
-@pytest.fixture(scope="module")
-def tpl() -> xtml.Template:
-    return xtml.load(NAME)
+tpl, cases = dialect_fixtures(NAME)
 
-
-@pytest.fixture(scope="module")
-def cases() -> list[Case]:
-    return k2_cases()
-
-
-def test_the_dialect_names_its_reference(tpl: xtml.Template) -> None:
-    assert tpl.dialect.reference["sha256"] == REFERENCES[NAME].sha256  # type: ignore[attr-defined]
+test_the_dialect_names_its_reference = names_its_reference(NAME)
 
 
 def test_text_against_the_official_template(tpl: xtml.Template, cases: list[Case]) -> None:
-    counts = check_texts(tpl, cases, k2_drops, python_list)
-    print(NAME, counts)
-    assert counts["equal"] + counts["refused"] + counts["refused_repr"] == len(cases) == 400
-    assert counts["equal"] >= 300
+    counts = texts_match(tpl, cases, k2_drops, python_list)
     # The template raises on none of the generated requests.
     assert counts["refused"] == 0
     assert min(v for k, v in counts.items() if k not in ("refused", "reasoning_shown")) >= 10, counts

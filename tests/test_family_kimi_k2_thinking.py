@@ -13,7 +13,7 @@ import pytest
 
 import xtml
 from tests.helpers.cli import run
-from tests.helpers.family_requests import REFERENCES
+from tests.helpers.family_cases import dialect_fixtures, names_its_reference
 from tests.helpers.kimi_families import (
     Case,
     check_answers,
@@ -21,7 +21,6 @@ from tests.helpers.kimi_families import (
     check_every_grouping,
     check_parse,
     check_texts,
-    committed_cases,
     thinking_drops,
     vocabulary,
 )
@@ -30,18 +29,9 @@ from xtml.chat.template_file import builtin_files
 NAME = "kimi-k2-thinking"
 
 
-@pytest.fixture(scope="module")
-def tpl() -> xtml.Template:
-    return xtml.load(NAME)
+tpl, cases = dialect_fixtures(NAME)
 
-
-@pytest.fixture(scope="module")
-def cases() -> list[Case]:
-    return committed_cases(NAME)
-
-
-def test_the_dialect_names_its_reference(tpl: xtml.Template) -> None:
-    assert tpl.dialect.reference["sha256"] == REFERENCES[NAME].sha256  # type: ignore[attr-defined]
+test_the_dialect_names_its_reference = names_its_reference(NAME)
 
 
 def test_text_against_the_official_template(tpl: xtml.Template, cases: list[Case]) -> None:

@@ -24,9 +24,14 @@ from typing import Any
 import pytest
 
 import xtml
-from tests.helpers.family_requests import REFERENCES
-from tests.helpers.kimi_families import REASONING_KEYS, Case, check_texts, committed_cases
-from tests.helpers.render_only import READERS, export_refuses, readers_refuse, validates
+from tests.helpers.family_cases import (
+    dialect_fixtures,
+    names_its_reference,
+    refused_edit,
+    render_only_checks,
+    texts_match,
+)
+from tests.helpers.kimi_families import REASONING_KEYS, Case
 from xtml.errors import MessageError
 
 NAME = "mistral-small-3.1"
@@ -44,15 +49,7 @@ _PARALLEL = (
     " interpret for the user.")
 
 
-@pytest.fixture(scope="module")
-def tpl() -> xtml.Template:
-    return xtml.load(str(FILE))
-
-
-@pytest.fixture(scope="module")
-def cases() -> list[Case]:
-    return committed_cases(NAME)
-
+tpl, cases = dialect_fixtures(NAME, FILE)
 
 def mistral_drops(req: dict[str, Any], opts: dict[str, Any]) -> set[tuple[int, str]]:
     """What Mistral Small 3.1's template leaves out of a request it renders:
@@ -102,15 +99,12 @@ def mistral_refusal(req: dict[str, Any]) -> tuple[int, str]:
     raise AssertionError("the template renders this request")
 
 
-def test_the_file_names_its_reference(tpl: xtml.Template) -> None:
-    assert tpl.dialect.reference["sha256"] == REFERENCES[NAME].sha256  # type: ignore[attr-defined]
+test_the_file_names_its_reference = names_its_reference(NAME)
 
 
 def test_text_against_the_official_template(tpl: xtml.Template, cases: list[Case]) -> None:
-    counts = check_texts(tpl, cases, mistral_drops)
-    print(NAME, counts)
-    assert counts["equal"] + counts["refused"] == len(cases) == 400
-    assert counts["equal"] >= 300 and counts["refused"] == sum(raises is not None for _, _, raises in cases)
+    counts = texts_match(tpl, cases, mistral_drops)
+    assert counts["refused"] == sum(raises is not None for _, _, raises in cases)
     assert min(counts[k] for k in ("tools", "parallel", "results_in_a_row", "parts", "marker_text", "ends_assistant",
                                    "no_prompt", "dropped")) >= 10, counts
 
@@ -230,20 +224,12 @@ def test_user_parts_images_and_tools_without_a_user_message(tpl: xtml.Template) 
     assert e.value.option == "tools"
 
 
-@pytest.mark.parametrize("call", READERS)
-def test_what_reads_it_back_refuses_it_by_name(tpl: xtml.Template, call: Any) -> None:
-    readers_refuse(tpl, call, ".*".join([
-        "a system turn of its own",
-        "tools declared before the last user message",
-        "call ids cut to their last characters"]))
-
-
-def test_the_jinja_export_refuses_it(tpl: xtml.Template) -> None:
-    export_refuses(tpl)
-
-
-def test_validate_accepts_the_file() -> None:
-    validates(FILE)
+(test_what_reads_it_back_refuses_it_by_name, test_the_jinja_export_refuses_it,
+ test_validate_accepts_the_file) = render_only_checks(
+    FILE,
+    "a system turn of its own",
+    "tools declared before the last user message",
+    "call ids cut to their last characters")
 
 
 @pytest.mark.parametrize(("old", "new", "match"), [
@@ -258,12 +244,7 @@ def test_validate_accepts_the_file() -> None:
     ('"{!first}, {/}\\"{key}', '"{!first}, {/}{?has_tools}{/}\\"{key}', "unknown condition 'has_tools'"),
 ])
 def test_the_new_keys_are_checked_in_the_file(tmp_path: Path, old: str, new: str, match: str) -> None:
-    text = FILE.read_text(encoding="utf-8")
-    assert old in text
-    path = tmp_path / "bad.toml"
-    path.write_text(text.replace(old, new, 1), encoding="utf-8")
-    with pytest.raises(xtml.TemplateError, match=match):
-        xtml.load(str(path))
+    refused_edit(FILE, tmp_path, old, new, match)
 
 
 

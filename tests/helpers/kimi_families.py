@@ -1,56 +1,26 @@
-"""What the ``kimi-k2`` and ``kimi-k2-thinking`` tests share: the cases
-(request, options, and the official text or the template's raise), the
-drops each template makes silently, and the checks of parse and stream
-that hold for both formats alike."""
+"""What the ``kimi-k2`` and ``kimi-k2-thinking`` tests share: the shape
+of a case (request, options, and the official text or the template's
+raise), the drops each template makes silently, and the checks of parse
+and stream that hold for both formats alike."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import xtml
-from tests.helpers.families import llama_template
-from tests.helpers.family_requests import REFERENCES, family_requests, hf_render
 from xtml.errors import MessageError, RequestError
 from xtml.vocab.vocabulary import Vocabulary, byte_vocabulary
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "families"
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
 Case = tuple[dict[str, Any], str | None, str | None]
 """A generated case, the official template's text, or what it raised."""
-
-
-def k2_cases() -> list[Case]:
-    """Kimi K2's cases, rendered now by transformers with the sdist's template."""
-    ref = REFERENCES["kimi-k2"]
-    template = llama_template(ref.source, ref.sha256)
-    out: list[Case] = []
-    for case in family_requests("kimi-k2"):
-        try:
-            out.append((case, hf_render("kimi-k2", template, case), None))
-        except Exception as e:  # the template's raise is the reference
-            out.append((case, None, str(e)))
-    return out
-
-
-def committed_cases(dialect: str) -> list[Case]:
-    """The committed renders of a template that is not in the sdist, checked
-    to be of the pinned template and of today's generator."""
-    lines = (DATA / f"{dialect}.jsonl").read_text(encoding="utf-8").splitlines()
-    header = json.loads(lines[0])
-    assert header["sha256"] == REFERENCES[dialect].sha256 and header["dialect"] == dialect
-    rows = [json.loads(x) for x in lines[1:]]
-    generated = family_requests(dialect)
-    assert [{"request": r["request"], "options": r["options"]} for r in rows] == generated
-    return [({"request": r["request"], "options": r["options"]}, r.get("text"), r.get("raises")) for r in rows]
 
 
 def given_reasoning(m: dict[str, Any]) -> Any:
@@ -202,8 +172,8 @@ def _last_turn(tpl: xtml.Template, vocab: Vocabulary, req: dict[str, Any], opts:
 
 
 def stream_in_groupings(tpl: xtml.Template, ids: list[int], rng: random.Random, most: int,
-                        lenient: bool = True) -> list[Any]:
-    parser = tpl.stream(vocabulary(tpl), lenient=lenient)
+                        lenient: bool = True, tools: Any = None) -> list[Any]:
+    parser = tpl.stream(vocabulary(tpl), lenient=lenient, tools=tools)
     events: list[Any] = []
     k = 0
     while k < len(ids):
