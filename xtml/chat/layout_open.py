@@ -459,10 +459,7 @@ def _answer(d: LayoutDialect, o: _Open, lx: Lexed, *, lenient: bool, props: Mapp
     if calls:
         message["tool_calls"] = calls
     if not history:
-        if stop_at < 0:
-            r.add("truncated", len(s), "the answer ends before a stop token")
-        elif stop_at + 1 < len(s):
-            r.add("after-end", stop_at + 1, "ids after the stop token are not read")
+        r.ended(stop_at)
     if r.list:
         message["diagnostics"] = r.list
     return message

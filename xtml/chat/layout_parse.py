@@ -600,6 +600,15 @@ class _Repairs:
     def token(self, ch: str) -> str:
         return self.d.tokens[ord(ch) - TOKEN_BASE]
 
+    def ended(self, stop_at: int) -> None:
+        """How the answer ends: at a stop token (``stop_at``, -1 for none)
+        with nothing after it, else a repair."""
+        n = len(self.lx.text)
+        if stop_at < 0:
+            self.add("truncated", n, "the answer ends before a stop token")
+        elif stop_at + 1 < n:
+            self.add("after-end", stop_at + 1, "ids after the stop token are not read")
+
 
 _TOKEN_CHAR = re.compile("[\ud800-\udfff]")
 
@@ -700,10 +709,7 @@ def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool, history: boo
         _calls_of(r, region, j, start, sh.call, calls)
     if calls:
         message["tool_calls"] = calls
-    if stop_at < 0:
-        r.add("truncated", len(s), "the answer ends before a stop token")
-    elif stop_at + 1 < len(s):
-        r.add("after-end", stop_at + 1, "ids after the stop token are not read")
+    r.ended(stop_at)
     if r.list:
         message["diagnostics"] = r.list
     return message

@@ -570,10 +570,7 @@ def _completion(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> tuple[dict[str
     message["content"] = content
     if calls:
         message["tool_calls"] = calls
-    if stop_at < 0:
-        r.add("truncated", len(s), "the answer ends before a stop token")
-    elif stop_at + 1 < len(s):
-        r.add("after-end", stop_at + 1, "ids after the stop token are not read")
+    r.ended(stop_at)
     if r.list:
         message["diagnostics"] = r.list
     return message, builtin, objects
