@@ -11,9 +11,8 @@ The file (tests/data/families/mistral-small-3.1.toml) uses what the layout
 language says for it: a system turn of its own with a text option read from
 the clock, tools declared before the last user message key by key, call ids
 cut to their last nine characters, the content beside calls left out, a
-list's first part or its Python ``str()``. No reader reads those back yet,
-so parse, the stream, the grammar and the exports refuse the dialect by
-name."""
+list's first part or its Python ``str()``. What reads it back is held by
+tests/test_parse_mistral31.py."""
 
 from __future__ import annotations
 
@@ -28,10 +27,10 @@ from tests.helpers.family_cases import (
     dialect_fixtures,
     names_its_reference,
     refused_edit,
-    render_only_checks,
     texts_match,
 )
 from tests.helpers.kimi_families import REASONING_KEYS, Case
+from tests.helpers.render_only import validates
 from xtml.errors import MessageError
 
 NAME = "mistral-small-3.1"
@@ -155,7 +154,8 @@ def test_spellings_the_template_has(tpl: xtml.Template) -> None:
         '[TOOL_RESULTS] {"content": , "call_id": "123456789"}[/TOOL_RESULTS]'
         "A</s>" + declared + "[INST]q[/INST]")
     assert {(d.message, d.field) for d in r.dropped} == {
-        (2, "content"), (2, "tool_calls.id"), (3, "tool_call_id"), (5, "content[1]"), (-1, "add_generation_prompt")}
+        (2, "content"), (2, "tool_calls.id"), (3, "tool_call_id"), (5, "content[1]"), (-1, "add_generation_prompt"),
+        (-1, "tools[0].function.return")}
 
 
 def test_the_default_system_prompt_holds_the_date(tpl: xtml.Template) -> None:
@@ -224,12 +224,8 @@ def test_user_parts_images_and_tools_without_a_user_message(tpl: xtml.Template) 
     assert e.value.option == "tools"
 
 
-(test_what_reads_it_back_refuses_it_by_name, test_the_jinja_export_refuses_it,
- test_validate_accepts_the_file) = render_only_checks(
-    FILE,
-    "a system turn of its own",
-    "tools declared before the last user message",
-    "call ids cut to their last characters")
+def test_validate_accepts_the_file() -> None:
+    validates(FILE)
 
 
 @pytest.mark.parametrize(("old", "new", "match"), [

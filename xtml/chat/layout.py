@@ -26,7 +26,8 @@ from .layout_split import SplitLayout
 from .layout_turn import TextOption, TurnLayout
 
 __all__ = ["DROP", "EACH", "HISTORY", "LAST_USER", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYNTAX", "SYSTEM",
-           "TURN", "LayoutDialect", "RoleFrame", "RoleLayout"]
+           "TURN", "LayoutDialect", "RoleFrame", "RoleLayout",
+           "system_turn_kind"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +299,20 @@ class LayoutDialect:
                 and not any(f.close.items for f in self.role_frames.values()))
 
     @property
+    def system_turns(self) -> bool:
+        """Whether the format writes a system turn of its own, each message in
+        a frame of its role, the tools before the last user message and calls
+        as one JSON array in a section (the roles written only first aside, in
+        the system turn): read by :mod:`.layout_system_turn`."""
+        return system_turn_kind(self.system_turn is not None, self.tools, self.calls, self.calls_section is not None,
+                                self.arguments,
+                                set(self.role_frames) >= set(self.roles) - set(self.first_only),
+                                bool(self.tools_syntax or self.calls_syntax or self.call_result is not None
+                                     or self.continues or self.content_trim or self.content_strip is not None
+                                     or self.split is not None or self.header_turns is not None
+                                     or self.call_pair is not None))
+
+    @property
     def tokens(self) -> tuple[str, ...]:
         return self.special + self.added
 
@@ -313,6 +328,15 @@ class LayoutDialect:
         f = token_finder(self.tokens)
         assert f is not None  # a dialect has its frame's tokens
         return f
+
+
+def system_turn_kind(system_turn: bool, tools: str, calls: str, section: bool, arguments: str, framed: bool,
+                     other: bool) -> bool:
+    """The kind :attr:`LayoutDialect.system_turns` names, from what the
+    dialect file gives (``other``: any feature that kind's reader does not
+    read)."""
+    return system_turn and tools == LAST_USER and calls == EACH and section and arguments == "tojson" and framed \
+        and not other
 
 
 _CHANNELS = {"reasoning": "think", "content": "response", "tool_calls": "tools"}

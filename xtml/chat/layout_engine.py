@@ -2,14 +2,24 @@
 dialect takes. Formats framed message by message are written by
 :mod:`.layout_render` and read by :mod:`.layout_parse`; formats with a head
 and a system turn of their own (a ``[turns]`` section) by
-:mod:`.layout_turns`, which builds on both."""
+:mod:`.layout_turns`, which builds on both; formats with a system turn of
+their own and calls as one JSON array by :mod:`.layout_system_turn` and
+:mod:`.layout_call_array`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from . import layout_open, layout_parse, layout_render, layout_split_render, layout_turns
+from . import (
+    layout_call_array,
+    layout_open,
+    layout_parse,
+    layout_render,
+    layout_split_render,
+    layout_system_turn,
+    layout_turns,
+)
 from .layout import LayoutDialect
 from .layout_parse import Lexed
 from .layout_render import Rendering
@@ -23,10 +33,10 @@ def render(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> Render
     if d.split is not None:
         return layout_split_render.render_split(d, request, options)
     r = layout_render.render(d, request, options)
-    if d.open_turns:
-        more = layout_open.open_drops(d, request, options)
-        if more:
-            r = r._replace(dropped=(*r.dropped, *more))
+    more = layout_open.open_drops(d, request, options) if d.open_turns else \
+        layout_system_turn.system_turn_drops(d, request, options) if d.system_turns else []
+    if more:
+        r = r._replace(dropped=(*r.dropped, *more))
     return r
 
 
@@ -36,6 +46,8 @@ def normal_form(d: LayoutDialect, request: Any, options: Mapping[str, Any]) -> d
         return layout_turns.normal_form_turns(d, request, options)
     if d.open_turns:
         return layout_open.normal_form_open(d, request, options)
+    if d.system_turns:
+        return layout_system_turn.normal_form_system_turn(d, request, options)
     return layout_render.normal_form(d, request, options)
 
 
@@ -45,6 +57,8 @@ def parse_prompt(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
         return layout_turns.parse_prompt_turns(d, lx)
     if d.open_turns:
         return layout_open.parse_prompt_open(d, lx)
+    if d.system_turns:
+        return layout_system_turn.parse_prompt_system_turn(d, lx)
     return layout_parse.parse_prompt(d, lx)
 
 
@@ -54,6 +68,8 @@ def parse_completion(d: LayoutDialect, lx: Lexed, *, lenient: bool, tools: Any =
     writes them untyped."""
     if d.open_turns:
         return layout_open.parse_completion_open(d, lx, lenient=lenient, tools=tools)
+    if d.system_turns:
+        return layout_call_array.parse_completion_array(d, lx, lenient=lenient)
     if d.header_turns is not None:
         return layout_turns.parse_completion_turns(d, lx, lenient=lenient)
     return layout_parse.parse_completion(d, lx, lenient=lenient)

@@ -31,6 +31,7 @@ from .layout import (
     LayoutDialect,
     RoleFrame,
     RoleLayout,
+    system_turn_kind,
 )
 from .layout_pattern import MAX_TOKENS, Cond, Item, Pattern
 from .layout_split import build_split, split_names
@@ -494,19 +495,27 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
     # their own (.layout_open) that reads these five.
     unread = not (call_pair is not None and not frame_close.items and set(frames) >= set(roles)
                   and not any(f.close.items for f in frames.values()))
+    # A system turn, framed messages and calls as one JSON array: the
+    # reader of that kind (.layout_system_turn) reads the nine it names.
+    unread_turn = not system_turn_kind(
+        system_turn is not None, policies["tools"], policies["calls"], call_section is not None, arguments,
+        set(frames) >= set(roles) - set(first_only),
+        bool(tools_syntax or calls_syntax or call_result is not None or continues or content_trim
+             or strip is not None or split is not None or turns is not None or call_pair is not None))
     render_only = tuple(what for what, used in (
-        ("a head", head is not None and unread),
+        ("a head", head is not None and unread and unread_turn),
         ("tools declared one by one in their own turn", tools_turn_each is not None and unread),
         ("a suffix added to content", suffix is not None and unread),
         ("arguments as key/value pairs", call_pair is not None and unread),
         ("content written where it holds more than whitespace", asks_text and unread),
-        ("a system turn of its own", system_turn is not None), ("text options", bool(text_options)),
-        ("a role written only first", bool(first_only)),
-        ("tools declared before the last user message", policies["tools"] == LAST_USER),
-        ("call ids cut to their last characters", bool(id_tail)),
-        ("the content beside calls left out", calls_content == DROP),
-        ("the first part of a content list", "first" in parts_by_role.values()),
-        ("a content list as Python's str()", "str" in parts_by_role.values()),
+        ("a system turn of its own", system_turn is not None and unread_turn),
+        ("text options", bool(text_options) and unread_turn),
+        ("a role written only first", bool(first_only) and unread_turn),
+        ("tools declared before the last user message", policies["tools"] == LAST_USER and unread_turn),
+        ("call ids cut to their last characters", bool(id_tail) and unread_turn),
+        ("the content beside calls left out", calls_content == DROP and unread_turn),
+        ("the first part of a content list", "first" in parts_by_role.values() and unread_turn),
+        ("a content list as Python's str()", "str" in parts_by_role.values() and unread_turn),
         ("tools declared by a value syntax", bool(tools_syntax)),
         ("arguments written by a value syntax", bool(calls_syntax)),
         ("tool results folded into the calling turn", call_result is not None),

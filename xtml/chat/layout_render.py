@@ -155,12 +155,19 @@ def _before_last_user(d: LayoutDialect, msgs: Sequence[Msg], opts: Mapping[str, 
                                                 "and there is none"))
         return None
     functions: list[Mapping[str, Any]] = []
-    for t in tools:
+    for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(fn, Mapping):
             raise OptionError(f"the {d.name} format writes each tool's function: a tool is "
                               "{\"type\": \"function\", \"function\": {...}}", option="tools")
         functions.append(fn)
+        # Only the function is written: the tool's other keys, a type other
+        # than "function" and the keys the format skips are left out.
+        dropped.extend(Dropped(-1, f"tools[{i}].{k}", f"the {d.name} format writes only each tool's function")
+                       for k in t if k != "function" and (k != "type" or t[k] != "function"))
+        if d.tools_pair is not None:
+            dropped.extend(Dropped(-1, f"tools[{i}].function.{k}", f"the {d.name} format leaves {k!r} out of a "
+                                   "tool's function") for k in fn if k in d.tools_skip)
     each, block, pair = d.tools_each, d.tools_block, d.tools_pair
     assert each is not None and block is not None
     texts: list[Value] = [_tojson(fn) if pair is None else _function_pairs(d, fn, conds) for fn in functions]

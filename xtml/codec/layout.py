@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..chat.layout import LayoutDialect
+from ..chat.layout_call_array import array_shape
 from ..chat.layout_engine import parse_completion, parse_prompt
 from ..chat.layout_open import open_shape
 from ..chat.layout_parse import Lexed, first_of, shape
@@ -36,7 +37,7 @@ def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]
     stop token when it never closes, none when it has none (the block does
     not open the answer, or the prompt opened it and it closes after the
     stop token or never)."""
-    sh = open_shape(d) if d.open_turns else shape(d)
+    sh = open_shape(d) if d.open_turns else array_shape(d) if d.system_turns else shape(d)
     if sh.think is None or d.header_turns is not None:
         return 0
     try:
@@ -258,7 +259,7 @@ class LayoutStream:
             and not body[0].codec and bool(self._bytes)
         # An answer with reasoning and calls streams its reasoning and
         # content as they come when every token of it is an id here.
-        sh = open_shape(d) if d.open_turns else shape(d)
+        sh = open_shape(d) if d.open_turns else array_shape(d) if d.system_turns else shape(d)
         self._rich: _RichLive | TurnsLive | None = None
         # (Not where the prompt may open the reasoning block: only its close
         # says the text before it was reasoning.)
