@@ -10,7 +10,8 @@ their spelling, Kimi K2 Thinking's reasoning block) over a vocabulary with
 every token of theirs one id; Llama 3.1 and DeepSeek V3.1 on the answers
 of tests/test_grammar_bare.py, over vocabularies with every token of
 theirs one id; GLM-4.6 on the answers of tests/test_grammar_glm46.py (its
-calls' key/value pairs in any order). The GBNF grammar goes to a real llama-server in
+calls' key/value pairs in any order); Mistral Small 3.1 on those of
+tests/test_grammar_mistral31.py (its calls one JSON array). The GBNF grammar goes to a real llama-server in
 tests/test_family_smollm2_engine.py."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.helpers.layout_grammar import (
     GLM,
     GLM_ANSWERS,
     KIMI,
+    MISTRAL,
     QWEN3,
     answer_ids,
     bare_request,
@@ -37,6 +39,7 @@ from tests.helpers.layout_grammar import (
     token_ids,
     vocab,
 )
+from tests.helpers.mistral_grammar import answer_texts
 from tests.helpers.need import need
 
 pytestmark = pytest.mark.engines
@@ -88,7 +91,8 @@ def _wrong_stop(text: str) -> bool:
 
 @pytest.mark.parametrize(("name", "kind"), [("qwen3", "qwen3"), ("qwen3", "chatml"), ("kimi-k2", "kimi-k2"),
                                            ("kimi-k2-thinking", "kimi-k2-thinking"), ("llama-3.1", "llama-3.1"),
-                                           ("deepseek-v3.1", "deepseek-v3.1"), ("glm-4.6", "glm-4.6")])
+                                           ("deepseek-v3.1", "deepseek-v3.1"), ("glm-4.6", "glm-4.6"),
+                                           ("mistral-small-3.1", "mistral-small-3.1")])
 def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, kind: str) -> None:
     answers: Any
     if name in BARE:
@@ -100,6 +104,8 @@ def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, k
         # Likewise an answer refused for its stop alone (calls that end
         # with <|user|>, content with <|observation|>) is left out.
         tpl, answers = GLM, [a for a in GLM_ANSWERS if not _wrong_stop(a[1])]
+    elif name == MISTRAL.name:
+        tpl, answers = MISTRAL, answer_texts()
     else:
         tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
     version, results = _match(tpl, kind, answers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import llguidance
@@ -27,6 +28,7 @@ __all__ = [
     "GLM_ANSWERS",
     "KIMI",
     "MAX_STEPS",
+    "MISTRAL",
     "QWEN3",
     "SMOLLM2",
     "STOP",
@@ -55,6 +57,10 @@ results) and DeepSeek V3.1 (reasoning the prompt opens, string arguments)."""
 GLM: Any = xtml.load("glm-4.6")
 """GLM-4.6: calls of key/value pairs, a reasoning block the model opens
 after a newline, content after one, ``<|observation|>`` after calls."""
+MISTRAL_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "mistral-small-3.1.toml"
+MISTRAL: Any = xtml.load(str(MISTRAL_FILE))
+"""Mistral Small 3.1: calls as one JSON array after ``[TOOL_CALLS]``, no
+token closing a call."""
 BUDGET = 120
 """Steps a walk takes at random before it prefers ending tokens."""
 MAX_STEPS = 3000
@@ -78,11 +84,13 @@ def vocab(kind: str) -> xtml.Vocabulary:
         return byte_vocabulary(BARE[kind].layout.tokens)
     if kind == "glm-4.6":
         return byte_vocabulary(GLM.layout.tokens)
+    if kind == MISTRAL.name:
+        return byte_vocabulary(MISTRAL.layout.tokens)
     return byte_vocabulary(QWEN3.layout.tokens if kind == "qwen3" else SMOLLM2.layout.tokens)
 
 
 STOP = {"llama-3.1": "<|eot_id|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>", "deepseek": "<｜end▁of▁sentence｜>",
-        "glm-4.6": "<|endoftext|>"}
+        "glm-4.6": "<|endoftext|>", MISTRAL.name: "</s>"}
 """The end-of-answer token of a vocabulary kind (ChatML's, but where named)."""
 
 

@@ -112,7 +112,7 @@ def violation(case: Case, message: dict[str, Any]) -> str | None:
         fn = c["function"]
         if d.call_ids == "generated" and c.get("id") != spelled_id(d, fn["name"], j):
             return f"call {j} has id {c.get('id')!r}, not the one the format generates"
-        if d.call_ids == "given" and name_of_id(d, c.get("id", "")) != fn["name"]:
+        if d.call_ids == "given" and d.call_id is not None and name_of_id(d, c.get("id", "")) != fn["name"]:
             return f"call {j} has id {c.get('id')!r}, not of the format's spelling"
         if fn["name"] in req.get("builtin_tools", ()) and fn["name"] not in case.schemas:
             if choice != "auto":

@@ -13,7 +13,8 @@ call's index where the format generates ids), the section around the calls,
 the separator between calls, and the stop tokens. Where the format lays the
 answer out with text of its own (GLM-4.6: a newline before the reasoning
 block it writes on every answer, before content, before each call), writes
-arguments as key/value pairs (:mod:`.layout_pairs`) or has a stop after
+arguments as key/value pairs (:mod:`.layout_pairs`), writes its calls as
+one JSON array after a token (:mod:`.layout_array`) or has a stop after
 which the model waits for its calls' results, those are in the plan too.
 The request holds it to ``tool_choice`` (``auto``, ``none``, ``required``,
 a named function: calls to declared tools only, and with ``required`` or a
@@ -39,6 +40,7 @@ from ...chat.layout_pattern import Builder, Cond, Item, Lit, Slot, Tok
 from ...chat.layout_request import read_request
 from ...errors import OptionError, RequestError, TokenizerError
 from ...vocab.tokens import TokenBinding
+from .layout_array import ArrayCalls, array_pattern
 from .layout_pairs import pair_tool, pairs_pattern
 from .plan import FORMATS, MAX_CALLS, deep_schemas_refused
 from .schema import Tool, typed_tool
@@ -132,6 +134,9 @@ class LayoutPlan:
     """Token → why llguidance's syntax cannot name it, where the grammar is
     asked to name tokens: refused where the grammar references it (a
     format's head, which an answer never holds, is not)."""
+    array: ArrayCalls | None = None
+    """Where the calls are one JSON array after a token (:attr:`call_open`,
+    no token of each call's own): how it is written."""
 
     @property
     def led(self) -> bool:
@@ -197,9 +202,15 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
         if not in_prompt:
             reasoning = split
     bare = d.header_turns is not None
-    call_open, call_rest, sep, call_lead = _bare_pattern(d) if bare else _call_pattern(d)
+    array = None if bare else array_pattern(d)
+    call_rest: tuple[Item, ...]
+    if array is not None:
+        # The array's token opens the calls; each call is JSON text.
+        call_open, call_rest, sep, call_lead = array.token, (), "", ""
+    else:
+        call_open, call_rest, sep, call_lead = _bare_pattern(d) if bare else _call_pattern(d)
     pair_items = pairs_pattern(d) if call_open and d.arguments == "pairs" else ()
-    section = _section(d) if call_open else None
+    section = _section(d) if call_open and array is None else None
     indexed = d.call_ids == "generated" and any(isinstance(i, Slot) and i.name == "id" for i in call_rest)
     if indexed and max_calls is None:
         max_calls = MAX_CALLS  # each index is spelled out: the count is bounded
@@ -269,7 +280,8 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
                       end_stops=tuple(t for t, m in d.stops.items() if m == "end"),
                       guards=_guards(call_rest) if bare else (), reasoning_lead=_reasoning_lead(d, split),
                       content_lead=_content_lead(d), call_lead=call_lead, pair_items=pair_items,
-                      wait_stops=() if bare else tuple(t for t, m in d.stops.items() if m == "tool_wait"))
+                      wait_stops=() if bare else tuple(t for t, m in d.stops.items() if m == "tool_wait"),
+                      array=array)
 
 
 # Arguments a parse reads back as the object the grammar writes: as given,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ...chat.layout_pattern import Lit, Slot, Tok
 from ...errors import TokenizerError
 from .gbnf import _ENTITIES, _class_char, _Gbnf
+from .layout_array import ArrayEbnf, ArrayLark
 from .layout_pairs import PairsEbnf, PairsLark
 from .layout_plan import LayoutPlan
 from .llguidance import _JSON_STRING, _Lark
@@ -78,6 +79,7 @@ class _Layout:
         def json_answer(self) -> str: ...
         def object_value(self, schema: Any) -> str: ...
         def pairs(self, i: int, t: Tool, close: str) -> str: ...
+        def array_rest(self) -> str: ...
 
     lp: LayoutPlan
 
@@ -276,6 +278,8 @@ class _Layout:
         """The calls after the first token that opens them (the section's or
         the first call's), the section's close included."""
         p = self.lp
+        if p.array is not None:
+            return self.array_rest()
         self.call_rules()
         head = f"{self.lit(p.separator)} {self.tok(p.call_open)}" if p.separator else self.tok(p.call_open)
         if p.indexed:
@@ -414,7 +418,7 @@ def _rx(s: str) -> str:
     return "".join(out)
 
 
-class _LayoutLark(_Layout, PairsLark, _Lark):
+class _LayoutLark(_Layout, PairsLark, ArrayLark, _Lark):
     layout_load = _Lark.load
 
     def __init__(self, plan: LayoutPlan) -> None:
@@ -511,7 +515,7 @@ class _LayoutLark(_Layout, PairsLark, _Lark):
         return _Lark.finish(self)
 
 
-class _LayoutGbnf(_Layout, PairsEbnf, _Gbnf):
+class _LayoutGbnf(_Layout, PairsEbnf, ArrayEbnf, _Gbnf):
     layout_load: ClassVar[tuple[str, ...]] = (
         "# Load: llama.cpp's grammar sampler (the /completion field \"grammar\", or --grammar-file).",
             "# GBNF cannot express: string lengths, patterns and formats, number bounds and allOf/not/if in",
