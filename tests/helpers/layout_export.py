@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 ROUTE = LLAMACPP_PROBE[:LLAMACPP_PROBE.index("-#}") + 3]
-KWARGS = {"llama-3.1": ("date_string", "tools_in_user_message", "builtin_tools")}
+KWARGS = {"llama-3.1": ("date_string", "tools_in_user_message", "builtin_tools"), "mistral-small-3.1": ("date",)}
 """A dialect's own keyword arguments (its official template's), which the
 probe reads beside the shared ones."""
 
@@ -102,13 +102,15 @@ def features(name: str, request: dict[str, Any], text: str) -> set[str]:
 
 
 def outcomes(engine: str, tpl: xtml.Template, requests: list[dict[str, Any]], *,
-             route: bool = False) -> dict[str, Any]:
+             route: bool = False, limits: tuple[str, ...] = ()) -> dict[str, Any]:
     """Each request rendered with the exported template by ``engine``,
     beside xtml's render of what the engine handed over. With ``route``,
     llama-server is pointed at a hand-written parser of answers (by the K3
     markers in a comment) rather than the one it derives from the template
     at start-up, which fails on tokens it cannot tell from JSON: its parser
-    of answers is no part of this claim."""
+    of answers is no part of this claim. ``limits``: the template's own
+    messages where it raises on what the engine cannot write as xtml does,
+    counted apart (never as equal)."""
     requests = [numbers_in_range(engine, r) for r in requests]
     if engine == "llamacpp":
         # llama-server refuses a name of null (a client leaves it out).
@@ -149,6 +151,8 @@ def outcomes(engine: str, tpl: xtml.Template, requests: list[dict[str, Any]], *,
             # reads parts (its capabilities, from trial renders), and joined
             # to the probe alone: xtml refuses the parts as sent too.
             counts["both refuse content as parts"] += 1
+        elif text is None and want is not None and any(s in (out.error or "") for s in limits):
+            counts["the engine cannot write it: the template raises"] += 1
         else:
             bad.append(f"request: {json.dumps(request, ensure_ascii=False)[:1500]}\n"
                        f"handed over: {json.dumps(seen, ensure_ascii=False)[:1500]}\n"

@@ -33,6 +33,7 @@ from ..chat.layout import EACH, HISTORY, SYSTEM, TURN, LayoutDialect
 from ..chat.layout_pattern import Pattern
 from ..errors import TemplateError
 from . import layout_jinja_pairs as _pairs
+from . import layout_jinja_system as _sys
 from .jinja_text import quote as _q
 from .layout_jinja_base import _Code, _Parts, _Value, _Writer
 from .layout_jinja_turns import _TurnsWriter
@@ -49,6 +50,11 @@ class _FramedWriter(_Writer):
         out: list[str] = []
         if d.head is not None:
             out.append(self.pattern(d.head, {}, opts))
+        # The format's own system turn, then the tools checked where they are
+        # declared before the last user message.
+        out.append(_sys.system_turn(d, self.pattern, opts))
+        prepare, declaration = _sys.declared_tools(d, self.pattern, opts, _Code)
+        out.append(prepare)
         if d.tools == TURN:
             # The declaration's own turn, first; the system turn is then as
             # without tools.
@@ -93,7 +99,8 @@ class _FramedWriter(_Writer):
                 "{%- if x_k >= x.start -%}"]
         roles = [r for r in d.roles if not (d.system_hoist is not None and r == "system")]
         for n, role in enumerate(roles):
-            out.append(("{%- if " if n == 0 else "{%- elif ") + f"x_e[0] == {_q(role)} -%}}" + self.message(role))
+            out.append(("{%- if " if n == 0 else "{%- elif ") + f"x_e[0] == {_q(role)} -%}}"
+                       + (_sys.declaration_before(declaration) if role == "user" else "") + self.message(role))
         if roles:
             out.append("{%- endif -%}")
         # The role of the message before the next, system messages aside.

@@ -25,11 +25,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..chat.layout import DROP, EACH, HISTORY, REFUSE, SYSTEM, TURN, LayoutDialect
+from ..chat.layout import DROP, EACH, HISTORY, LAST_USER, REFUSE, SYSTEM, TURN, LayoutDialect
 from ..chat.layout_pattern import Cond, Item, Lit, Pattern, Slot, Tok
 from ..chat.layout_turn import KEEP, STRING, STRINGS, TURNS, TurnLayout
 from ..errors import TemplateError
 from . import layout_jinja_pairs as _pairs
+from . import layout_jinja_system as _sys
 from .jinja_text import comment as _comment
 from .jinja_text import quote as _q
 
@@ -55,6 +56,8 @@ _KNOWN = {
     # What no reader of answers reads back yet: each thing it names is a
     # field or a condition the writer checks itself.
     "render_only",
+    # A system turn of the format's own and what comes with it (.layout_jinja_system).
+    *_sys.KNOWN,
 }
 """The fields of :class:`LayoutDialect` this writer reads or knows it may
 leave alone. A field it does not know (the language grows) is refused unless
@@ -64,7 +67,8 @@ _CHOICES: dict[str, tuple[object, ...]] = {
     "content_parts": (REFUSE, "join"),
     "content_missing": (REFUSE, "empty"),
     "calls": (DROP, REFUSE, EACH),
-    "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS),
+    "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS, LAST_USER),
+    "calls_content": ("keep", DROP),
     "reasoning": (DROP, HISTORY),
     "reasoning_show": ("never", "after_last_query", "after_last_answer", "after_last_user"),
     "call_ids": ("absent", "given", "generated"),
@@ -186,7 +190,7 @@ class _Writer(ABC):
                 raise TemplateError(f"the Jinja export does not write content.missing.{role} = {missing!r} yet")
         for role, parts in d.parts_by_role.items():
             if parts not in _CHOICES["content_parts"] and not (parts == KEEP and d.header_turns is not None
-                                                                and role in d.roles):
+                                                                and role in d.roles) and parts not in _sys.PARTS:
                 raise TemplateError(f"the Jinja export does not write content.parts.{role} = {parts!r} yet")
         if (d.tools == TURNS) != (d.header_turns is not None):
             raise TemplateError("the Jinja export writes [tools] render = \"turns\" with a [turns] section only")
@@ -218,6 +222,8 @@ class _Writer(ABC):
         for name, default in d.options.items():
             if not isinstance(default, bool):
                 raise TemplateError(f"the Jinja export writes only boolean options yet, not option {name!r}")
+            self._check_name(name)
+        for name in _sys.check(d):
             self._check_name(name)
 
     def _check_name(self, name: str) -> None:
@@ -308,8 +314,8 @@ class _Writer(ABC):
     # -- the template ----------------------------------------------------------------------------
 
     def write(self) -> str:
-        return (self.header() + _MACROS + _STRIP + (_pairs.MACROS if self.d.call_pair is not None else "")
-                + self.format_macros() + self.macros() + self.read_options()
+        return (self.header() + _MACROS + _STRIP + (_pairs.MACROS if _sys.needs_json(self.d) else "")
+                + _sys.macros(self.d) + self.format_macros() + self.macros() + self.read_options()
                 + self.read_messages() + self.render())
 
     def format_macros(self) -> str:
@@ -367,6 +373,7 @@ class _Writer(ABC):
                     "{%- endif -%}",
                     "{%- set " + var + " = x_v -%}",
                     "{%- endif -%}"]
+        out.append(_sys.read_text_options(d))
         if d.tools == REFUSE:
             out += ["{%- if tools is defined and x_given(tools) == 'y' -%}",
                     _option_error(f"the {d.name} format has no place for tools", "tools"),
@@ -397,9 +404,10 @@ class _Writer(ABC):
                _raise("'role ' ~ x_repr(x_r) ~ " + _q(f" is not one of this format's: {', '.join(roles)}")
                       + " ~ " + _at_message("role")),
                "{%- endif -%}",
+               _sys.message_checks(d),
                "{%- set x_y = namespace(content='', reasoning=none, calls=[], name='', call_id='', parts=[], "
                "images=false, kept=none) -%}",
-               "{%- set x_c = x_m.content if 'content' in x_m else none -%}",
+               "{%- set x_c = " + _sys.content_of(d) + " -%}",
                "{%- if x_c is none -%}",
                "{%- if x_r in " + _list(refusing) + " -%}",
                "{%- if 'tool_calls' in x_m and x_m.tool_calls -%}",
@@ -424,8 +432,11 @@ class _Writer(ABC):
                                + here, "content"),
                 # Kept as given, for a body that writes the list as JSON.
                 "{%- elif " + policy + " == 'keep' -%}{%- set x_y.kept = x_c -%}",
+                _sys.part_policies(d, policy),
                 "{%- endif -%}",
-                "{%- for x_p in (x_c if x_y.kept is none else []) -%}"]
+                "{%- for x_p in (x_c if x_y.kept is none"
+                + (" and " + policy + " not in " + _list(_sys.PARTS) if _sys.part_policies(d, policy) else "")
+                + " else []) -%}"]
         if d.image is not None:
             # An image is written as the format's placeholder.
             out += ["{%- if x_p is mapping and (x_p.type == 'image' or 'image' in x_p or 'image_url' in x_p) -%}",
@@ -488,11 +499,11 @@ class _Writer(ABC):
                     "{%- if x_a is not string and x_a is not mapping -%}",
                     _raise("'arguments must be a JSON object or a string' ~ x_at ~ '.function.arguments)'"),
                     "{%- endif -%}",
-                    # As given (a string as it is), or every value through tojson.
-                    # As given (a string as it is), or every value through
-                    # tojson; pairs keep the object, written pair by pair.
-                    "" if d.arguments == "pairs" else "{%- set x_a = x_json(x_a) ~ '' if "
-                    + ("true" if d.arguments == "tojson" else "x_a is mapping") + " else x_a -%}",
+                    # Through tojson (numbers as Python's json.dumps spells
+                    # them), or as given (a string as it is); pairs keep the
+                    # object, written pair by pair.
+                    "{%- set x_a = x_pjson(x_a, false) ~ '' -%}" if d.arguments == "tojson" else
+                    "" if d.arguments == "pairs" else "{%- set x_a = x_json(x_a) ~ '' if x_a is mapping else x_a -%}",
                     "{%- set x_y.calls = x_y.calls + [[x_f.name, x_a, '']] -%}",
                     "{%- endfor -%}",
                     self.string_arguments(),
@@ -508,7 +519,8 @@ class _Writer(ABC):
                     _message_error("tool_call_id must be a string", "tool_call_id"),
                     "{%- endif -%}",
                     "{%- set x_y.call_id = x_m.tool_call_id -%}",
-                    "{%- endif -%}"]
+                    "{%- endif -%}",
+                    _sys.result_id_tail(d, reading)]
         # The fields the format does not read: dropped (the template leaves
         # them out), refused, or unknown.
         for f in d.flags:
@@ -614,7 +626,8 @@ class _Writer(ABC):
             "{%- set x_w.calls = x_w.calls + [[x_y.calls[loop.index0][0], x_y.calls[loop.index0][1], "
             + ident[d.call_ids] + " ~ '']] -%}",
             "{%- endfor -%}",
-            "{%- set x_y.calls = x_w.calls -%}"])
+            "{%- set x_y.calls = x_w.calls -%}",
+            _sys.id_tails(d)])
 
     def macros(self) -> str:
         """The dialect's own macros: the spelling of a generated call id."""

@@ -36,10 +36,11 @@ def _raise(message: str) -> str:
 __all__ = ["MACROS", "pair_arguments", "pair_values", "pairs", "read_arguments"]
 
 # x_jkey: a key as json.dumps writes a key that is not a string. x_pfloat:
-# a finite float in Python's repr. x_pjson: json.dumps(json.loads(json.dumps(v))):
+# a finite float in Python's repr. x_pjson(v, true): json.dumps(json.loads(json.dumps(v))):
 # keys made strings, and of keys that became the same string the first's
 # place with the last's value (only a Python caller gives other keys, so the
-# pass over the others runs only then).
+# pass over the others runs only then); x_pjson(v, false): json.dumps(v),
+# every key written.
 MACROS = "".join((
     "{%- macro x_jkey(k) -%}",
     "{%- if k is string -%}{{ k }}",
@@ -85,7 +86,7 @@ MACROS = "".join((
     "{%- endif -%}",
     "{{ ('-' if n.neg else '') ~ n.out }}",
     "{%- endmacro -%}",
-    "{%- macro x_pjson(v) -%}",
+    "{%- macro x_pjson(v, merge) -%}",
     "{%- if v is none -%}{{ 'null' }}",
     "{%- elif v is boolean -%}{{ 'true' if v else 'false' }}",
     "{%- elif v is number and v != v -%}{{ 'NaN' }}",
@@ -98,17 +99,17 @@ MACROS = "".join((
     "{{ '{' }}",
     "{%- for k, y in v.items() -%}",
     "{%- set u = namespace(first=true, y=y, at=loop.index0, k=x_jkey(k) ~ '') -%}",
-    "{%- if not w.plain -%}{%- for k2, y2 in v.items() -%}{%- if (x_jkey(k2) ~ '') == u.k -%}",
+    "{%- if merge and not w.plain -%}{%- for k2, y2 in v.items() -%}{%- if (x_jkey(k2) ~ '') == u.k -%}",
     "{%- if loop.index0 < u.at -%}{%- set u.first = false -%}{%- endif -%}{%- set u.y = y2 -%}",
     "{%- endif -%}{%- endfor -%}{%- endif -%}",
     "{%- if u.first -%}",
-    "{{ (', ' if w.n > 0 else '') ~ (u.k | tojson) ~ ': ' }}{{ x_pjson(u.y) }}{%- set w.n = w.n + 1 -%}",
+    "{{ (', ' if w.n > 0 else '') ~ (u.k | tojson) ~ ': ' }}{{ x_pjson(u.y, merge) }}{%- set w.n = w.n + 1 -%}",
     "{%- endif -%}",
     "{%- endfor -%}",
     "{{ '}' }}",
     "{%- else -%}",
     "{{ '[' }}",
-    "{%- for y in v -%}{{ x_pjson(y) }}{%- if not loop.last -%}{{ ', ' }}{%- endif -%}{%- endfor -%}",
+    "{%- for y in v -%}{{ x_pjson(y, merge) }}{%- if not loop.last -%}{{ ', ' }}{%- endif -%}{%- endfor -%}",
     "{{ ']' }}",
     "{%- endif -%}",
     "{%- endmacro -%}",
@@ -160,7 +161,7 @@ def pairs(pair_code: str) -> str:
         "{%- endif -%}{%- endfor -%}{%- endif -%}",
         "{%- if x_u.first -%}",
         "{%- set x_pk = x_u.k -%}",
-        "{%- set x_pv = x_u.v if x_u.v is string else x_pjson(x_u.v) ~ '' -%}",
+        "{%- set x_pv = x_u.v if x_u.v is string else x_pjson(x_u.v, true) ~ '' -%}",
         pair_code,
         "{%- endif -%}",
         "{%- endfor -%}"])
