@@ -11,7 +11,9 @@ every token of theirs one id; Llama 3.1 and DeepSeek V3.1 on the answers
 of tests/test_grammar_bare.py, over vocabularies with every token of
 theirs one id; GLM-4.6 on the answers of tests/test_grammar_glm46.py (its
 calls' key/value pairs in any order); Mistral Small 3.1 on those of
-tests/test_grammar_mistral31.py (its calls one JSON array). The GBNF grammar goes to a real llama-server in
+tests/test_grammar_mistral31.py (its calls one JSON array); Gemma 4 on the answers without calls of
+tests/test_grammar_gemma4.py (its value syntax writes no EBNF: the grammar of an answer that may call a
+tool is refused). The GBNF grammar goes to a real llama-server in
 tests/test_family_smollm2_engine.py."""
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.gemma_grammar import NO_CALLS
+from tests.helpers.gemma_grammar import answer_texts as gemma_texts
 from tests.helpers.layout_grammar import (
     ANSWERS,
     BARE,
     BARE_ANSWERS,
+    GEMMA,
     GLM,
     GLM_ANSWERS,
     KIMI,
@@ -92,7 +97,7 @@ def _wrong_stop(text: str) -> bool:
 @pytest.mark.parametrize(("name", "kind"), [("qwen3", "qwen3"), ("qwen3", "chatml"), ("kimi-k2", "kimi-k2"),
                                            ("kimi-k2-thinking", "kimi-k2-thinking"), ("llama-3.1", "llama-3.1"),
                                            ("deepseek-v3.1", "deepseek-v3.1"), ("glm-4.6", "glm-4.6"),
-                                           ("mistral-small-3.1", "mistral-small-3.1")])
+                                           ("mistral-small-3.1", "mistral-small-3.1"), ("gemma-4", "gemma-4")])
 def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, kind: str) -> None:
     answers: Any
     if name in BARE:
@@ -106,6 +111,8 @@ def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, k
         tpl, answers = GLM, [a for a in GLM_ANSWERS if not _wrong_stop(a[1])]
     elif name == MISTRAL.name:
         tpl, answers = MISTRAL, answer_texts()
+    elif name == GEMMA.name:
+        tpl, answers = GEMMA, gemma_texts(NO_CALLS)
     else:
         tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
     version, results = _match(tpl, kind, answers)

@@ -24,6 +24,7 @@ __all__ = [
     "BARE",
     "BARE_ANSWERS",
     "BUDGET",
+    "GEMMA",
     "GLM",
     "GLM_ANSWERS",
     "KIMI",
@@ -61,6 +62,10 @@ MISTRAL_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "mist
 MISTRAL: Any = xtml.load(str(MISTRAL_FILE))
 """Mistral Small 3.1: calls as one JSON array after ``[TOOL_CALLS]``, no
 token closing a call."""
+GEMMA_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "gemma-4.toml"
+GEMMA: Any = xtml.load(str(GEMMA_FILE))
+"""Gemma 4: calls ``<|tool_call>call:NAME{ARGS}<tool_call|>`` with ARGS in
+its key:value syntax, ``<|tool_response>`` after them."""
 BUDGET = 120
 """Steps a walk takes at random before it prefers ending tokens."""
 MAX_STEPS = 3000
@@ -86,11 +91,14 @@ def vocab(kind: str) -> xtml.Vocabulary:
         return byte_vocabulary(GLM.layout.tokens)
     if kind == MISTRAL.name:
         return byte_vocabulary(MISTRAL.layout.tokens)
+    if kind == GEMMA.name:
+        return byte_vocabulary(GEMMA.layout.tokens)
     return byte_vocabulary(QWEN3.layout.tokens if kind == "qwen3" else SMOLLM2.layout.tokens)
 
 
 STOP = {"llama-3.1": "<|eot_id|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>", "deepseek": "<｜end▁of▁sentence｜>",
-        "glm-4.6": "<|endoftext|>", MISTRAL.name: "</s>"}
+        "glm-4.6": "<|endoftext|>", MISTRAL.name: "</s>",
+        GEMMA.name: "<turn|>"}
 """The end-of-answer token of a vocabulary kind (ChatML's, but where named)."""
 
 

@@ -73,6 +73,9 @@ def _mark_dialect(d: LayoutDialect) -> _Marked:
         for i in items:
             if isinstance(i, Slot) and i.name in _HOLDS:
                 out += [tok("slot", i.name), i, tok("/slot", i.name)]
+            elif isinstance(i, Slot) and i.name == "results":
+                # Tool results folded into the answer: the tools', not the model's.
+                out += [tok("results", i.name), i, tok("/results", i.name)]
             elif isinstance(i, Cond):
                 out.append(Cond(i.name, i.negate, slots(i.body)))
             else:
@@ -89,6 +92,9 @@ def _mark_dialect(d: LayoutDialect) -> _Marked:
     # system message a tools turn holds.
     turns: dict[str, Any] = {name: around(getattr(d, name), "turn", name) for name in _TURNS
                              if getattr(d, name, None) is not None}
+    if d.calls_pending is not None:
+        # Written in place of the close of a turn whose calls wait for results.
+        turns["calls_pending"] = around(d.calls_pending, "close", "")
     marked = dataclasses.replace(d, roles=roles, role_frames=frames, frame_open=around(d.frame_open, "open", ""),
                                  frame_close=around(d.frame_close, "close", ""), **turns)
     return _Marked(marked, marks)
@@ -114,7 +120,7 @@ class _Message:
     """Where one written message lies, in characters of the lexed render
     (each bound token one character)."""
 
-    __slots__ = ("body_end", "body_start", "close", "end", "index", "role", "slots", "start", "turn")
+    __slots__ = ("body_end", "body_start", "close", "end", "index", "results", "role", "slots", "start", "turn")
 
     def __init__(self, role: str, start: int, body_start: int, turn: bool) -> None:
         self.role = role
@@ -126,6 +132,7 @@ class _Message:
         self.end = -1
         self.index: int | None = None
         self.slots: list[tuple[str, int, int]] = []
+        self.results: tuple[int, int] | None = None
 
 
 class _Lexed:
@@ -291,6 +298,10 @@ def _messages(lx: _Lexed) -> list[_Message]:
             out[-1].end = pos
         elif kind == "slot":
             out[-1].slots.append((what, pos, -1))
+        elif kind == "results":
+            out[-1].results = (pos, pos)
+        elif kind == "/results" and out[-1].results is not None:
+            out[-1].results = (out[-1].results[0], pos)
         elif kind == "/slot":
             name, start, _ = out[-1].slots[-1]
             out[-1].slots[-1] = (name, start, pos)
@@ -390,6 +401,11 @@ def encode_layout_example(d: LayoutDialect, binding: TokenBinding, request: Any,
             for name, a, z in m.slots:
                 if d.channel_tag(_HOLDS[name]) in trained_tags:
                     train_range(max(a, start), z)
+        elif m.results is not None and m.results[1] > m.results[0]:
+            # The answer's calls and the token that opens their results (the
+            # model's stop), then what it writes after the results.
+            train_range(start, m.results[0] + 1)
+            train_range(m.results[1], m.body_end)
         else:
             train_range(start, m.body_end)
         if rules.end and m.close >= 0:

@@ -13,9 +13,10 @@ call's index where the format generates ids), the section around the calls,
 the separator between calls, and the stop tokens. Where the format lays the
 answer out with text of its own (GLM-4.6: a newline before the reasoning
 block it writes on every answer, before content, before each call), writes
-arguments as key/value pairs (:mod:`.layout_pairs`), writes its calls as
-one JSON array after a token (:mod:`.layout_array`) or has a stop after
-which the model waits for its calls' results, those are in the plan too.
+arguments as key/value pairs (:mod:`.layout_pairs`) or in a value syntax
+of its own (:mod:`.layout_syntax`), writes its calls as one JSON array
+after a token (:mod:`.layout_array`) or has a stop after which the model
+waits for its calls' results, those are in the plan too.
 The request holds it to ``tool_choice`` (``auto``, ``none``, ``required``,
 a named function: calls to declared tools only, and with ``required`` or a
 name the answer is its calls), ``parallel_tool_calls`` (false: one call)
@@ -35,13 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...chat.fields import tool_function
-from ...chat.layout import EACH, HISTORY, LayoutDialect
+from ...chat.layout import EACH, HISTORY, SYNTAX, LayoutDialect
 from ...chat.layout_pattern import Builder, Cond, Item, Lit, Slot, Tok
 from ...chat.layout_request import read_request
 from ...errors import OptionError, RequestError, TokenizerError
 from ...vocab.tokens import TokenBinding
 from .layout_array import ArrayCalls, array_pattern
 from .layout_pairs import pair_tool, pairs_pattern
+from .layout_syntax import body_block, syntax_arguments, syntax_call_items
 from .plan import FORMATS, MAX_CALLS, deep_schemas_refused
 from .schema import Tool, typed_tool
 
@@ -137,13 +139,18 @@ class LayoutPlan:
     array: ArrayCalls | None = None
     """Where the calls are one JSON array after a token (:attr:`call_open`,
     no token of each call's own): how it is written."""
+    fragments: dict[str, str] = field(default_factory=dict)
+    """Where a value syntax writes the arguments (:mod:`.layout_syntax`):
+    each tool's arguments as its grammar writes them, by tool name."""
+    reasoning_label: str = ""
+    """The text the reasoning block opens with after its token."""
 
     @property
     def led(self) -> bool:
         """The answer is laid out by its leads, pairs and stops (the
         structure of :meth:`~.layout_writer._Layout.led_answer`)."""
         return bool(self.reasoning_lead is not None or self.content_lead or self.call_lead or self.pair_items
-                    or self.wait_stops)
+                    or self.wait_stops or bool(self.fragments))
 
 
 def layout_plan(d: LayoutDialect, binding: TokenBinding | None, request: Any, *, format: str = "llguidance",
@@ -168,6 +175,12 @@ def layout_plan(d: LayoutDialect, binding: TokenBinding | None, request: Any, *,
         plan = _plan(d, request, options, max_calls=1 if parallel is False else max_calls,
                      after_reasoning=after_reasoning, fmt=format)
         _bind(plan, binding, token_refs)
+        if plan.tools and d.arguments == SYNTAX:
+            # The syntax's grammar references the format's tokens as bound.
+            plan.tools, plan.fragments = syntax_arguments(d, format, plan.tools, plan.refs, request, plan.notes)
+            if not plan.tools and plan.calls == "yes":
+                raise OptionError("no declared tool can be called with its schema", option="tool_choice")
+            plan.calls = plan.calls if plan.tools else "no"
         _refuse_spellings(plan)
     return plan
 
@@ -184,6 +197,8 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
     if d.message_conds:
         prev = next((m.role for m in reversed(msgs) if m.role != "system"), "")
         conds.update(after_user=prev == "user", after_tool=prev == "tool")
+    # A prompt the format writes only where the last answer made no calls.
+    conds["after_calls"] = bool(next((m.calls for m in reversed(msgs) if m.role != "tool"), None))
     b = Builder()
     d.prompt.render({}, conds, b)
     written = [s.text for s in b.finish() if s.special]
@@ -194,12 +209,15 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
             opened = c
     reasoning: tuple[str, str] | None = None
     split = d.reasoning_split or d.reasoning_block
+    block = body_block(d) if split is None else None
+    if block is not None:
+        split = (block[0], block[2])
     if d.reasoning == HISTORY and split is not None and not after_reasoning:
         in_prompt = split[0] in written
         if in_prompt and split[1] not in written[written.index(split[0]):]:
             raise OptionError(f"the completion grammar of a generation prompt that leaves the reasoning block open "
                               f"is not yet available for the layout dialect {d.name!r}", option="tool_choice")
-        if not in_prompt:
+        if not in_prompt and not _closed_after_calls(d, conds, split):
             reasoning = split
     bare = d.header_turns is not None
     array = None if bare else array_pattern(d)
@@ -281,7 +299,7 @@ def _plan(d: LayoutDialect, request: Any, options: Mapping[str, Any], *, max_cal
                       guards=_guards(call_rest) if bare else (), reasoning_lead=_reasoning_lead(d, split),
                       content_lead=_content_lead(d), call_lead=call_lead, pair_items=pair_items,
                       wait_stops=() if bare else tuple(t for t, m in d.stops.items() if m == "tool_wait"),
-                      array=array)
+                      array=array, reasoning_label=block[1] if block is not None and reasoning is not None else "")
 
 
 # Arguments a parse reads back as the object the grammar writes: as given,
@@ -292,9 +310,22 @@ _ARGUMENTS = ("as_given", "tojson", "string")
 # an answer's text spells none of the format's tokens, so holds no cut.
 
 
+def _closed_after_calls(d: LayoutDialect, conds: Mapping[str, bool], split: tuple[str, str]) -> bool:
+    """Where the format writes no prompt after calls (the answer goes on
+    from the results), whether the prompt the options ask for elsewhere
+    closes the reasoning block: the answer then opens none either."""
+    if not conds.get("after_calls"):
+        return False
+    b = Builder()
+    d.prompt.render({}, {**conds, "after_calls": False}, b)
+    asked = [s.text for s in b.finish() if s.special]
+    return split[0] in asked and split[1] in asked[asked.index(split[0]):]
+
+
 def _refuse_unmirrored(d: LayoutDialect) -> None:
     used: list[str] = []
-    if d.arguments not in _ARGUMENTS and not (d.arguments == "pairs" and d.call_pair is not None):
+    if d.arguments not in _ARGUMENTS and not (d.arguments == "pairs" and d.call_pair is not None) and \
+            not (d.arguments == SYNTAX and d.calls_syntax):
         used.append(f"arguments {d.arguments}")
     if d.reasoning_split is not None and d.reasoning_block is not None:
         used.append("reasoning split out of content and in a block of its own")
@@ -315,7 +346,7 @@ def _call_pattern(d: LayoutDialect) -> tuple[str, tuple[Item, ...], str, str]:
     each = d.calls_each
     if d.calls != EACH or each is None:
         return "", (), "", ""
-    items = list(each.items)
+    items = list(syntax_call_items(d) if d.arguments == SYNTAX else each.items)
     sep = lead = ""
     if items and isinstance(items[0], Cond) and all(isinstance(i, Lit) for i in items[0].body):
         sep = "".join(i.text for i in items[0].body if isinstance(i, Lit))

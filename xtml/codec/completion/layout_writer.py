@@ -30,6 +30,7 @@ from .gbnf import _ENTITIES, _class_char, _Gbnf
 from .layout_array import ArrayEbnf, ArrayLark
 from .layout_pairs import PairsEbnf, PairsLark
 from .layout_plan import LayoutPlan
+from .layout_syntax import fragment_lines
 from .llguidance import _JSON_STRING, _Lark
 from .plan import deep_schemas_refused
 from .schema import Tool
@@ -172,7 +173,8 @@ class _Layout:
             return answer
         o, c = p.reasoning
         lead = f"{self.lit(p.reasoning_lead)} " if p.reasoning_lead else ""
-        self.rule("reasoning", f"{lead}{self.tok(o)} {self.text_then(c)}")
+        label = f"{self.lit(p.reasoning_label)} " if p.reasoning_label else ""
+        self.rule("reasoning", f"{lead}{self.tok(o)} {label}{self.text_then(c)}")
         return f"reasoning {answer}" if p.reasoning_lead is not None else f"reasoning? {answer}"
 
     def led_answer(self) -> str:
@@ -311,6 +313,9 @@ class _Layout:
                 # The pairs end with the call's close: which keys were
                 # given decides where it may come.
                 self.rule(f"args_t{i}", self.pairs(i, t, self.tok(close.token)))
+            elif p.fragments:
+                # The value syntax's own rules, rule args_t{i} first.
+                self.rules += fragment_lines(p.fragments[t.name])
             else:
                 self.rule(f"args_t{i}", self.object_value(_object_schema(t.params)))
         for k in range(p.max_calls or 1) if p.indexed else [None]:
