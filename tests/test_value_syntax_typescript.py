@@ -6,6 +6,7 @@ raises, and the operations it does not have refused where asked."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 import xtml.plugins
 from tests.helpers.value_syntaxes import GPT_OSS, hf_render, template
-from xtml.errors import RequestError
+from xtml.errors import ParseError, RequestError
 from xtml.plugins import NoOperation, ValueSyntax, load_value_syntax
 
 T: Any = load_value_syntax("typescript")
@@ -120,9 +121,9 @@ def test_where_the_template_raises_declare_says_where() -> None:
         assert e.value.location == where
 
 
-def test_it_has_declare_only() -> None:
+def test_it_declares_and_reads_declarations_only() -> None:
     assert isinstance(T, ValueSyntax) and T.name == "typescript" and "typescript" in xtml.plugins.value_syntaxes()
-    assert T.operations == {"declare"}
+    assert T.operations == {"declare", "declared"}
     calls: dict[str, Callable[[], object]] = {
         "write": lambda: T.write({}, {}), "read": lambda: T.read("{}", {}), "reader": lambda: T.reader(),
         "grammar": lambda: T.grammar({"type": "object"})}
@@ -131,3 +132,47 @@ def test_it_has_declare_only() -> None:
             call()
         assert e.value.location == f"value syntax 'typescript', operation {op!r}"
         assert "has no" in e.value.msg and "declare" in e.value.msg
+
+
+READ_BACK = [
+    {"type": "function", "function": {"name": "f", "description": "F: it does \"f\".", "parameters": {
+        "type": "object", "properties": {
+            "s": {"type": "string", "description": "S.", "default": "x"},
+            "e": {"type": "string", "enum": ["a", "b"], "default": "a"},
+            "n": {"type": "number", "nullable": False},
+            "o": {"type": "object", "properties": {"k": {"type": "array", "items": {"type": "boolean"}},
+                                                   "m": {"type": "object"}}, "required": ["k"]},
+            "u": {"type": ["string", "number"]},
+            "v": {"oneOf": [{"type": "string"}, {"type": "number"}]},
+            "a": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "string"}}}},
+            "z": {}},
+        "required": ["s", "o"]}}},
+    {"type": "function", "function": {"name": "g", "description": ""}},
+]
+
+
+def test_a_declaration_reads_back_as_the_tools_it_spells() -> None:
+    """Tools in the plainest schema of each spelling read back as given;
+    the others as that schema (integer as number, a nullable string's
+    list of types as nullable)."""
+    want = json.loads(json.dumps(READ_BACK))
+    want[0]["function"]["parameters"]["properties"]["n"] = {"type": "number"}
+    assert T.declared(T.declare(READ_BACK)) == want
+    other = [{"type": "function", "function": {"name": "h", "description": "H.", "parameters": {
+        "type": "object", "properties": {"i": {"type": "integer"}, "t": {"type": ["string", "null"]}},
+        "required": []}}}]
+    assert T.declared(T.declare(other)) == [{"type": "function", "function": {"name": "h", "description": "H.",
+                                                                               "parameters": {
+        "type": "object", "properties": {"i": {"type": "number"}, "t": {"type": "string", "nullable": True}}}}}]
+
+
+@pytest.mark.parametrize(("text", "at"), [
+    ("namespace functions {}", "namespace"),
+    ("## functions\n\nnamespace functions {\n\n// d\ntype f = (_: {\nx: float,\n}) => any;\n\n} "
+     "// namespace functions", "float"),
+    ("## functions\n\nnamespace functions {\n\ntype f = () => any;\n\n} // namespace functions", "type f"),
+])
+def test_a_namespace_it_does_not_spell_is_a_located_error(text: str, at: str) -> None:
+    with pytest.raises(ParseError) as e:
+        T.declared(text)
+    assert e.value.offset == text.index(at)

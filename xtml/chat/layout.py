@@ -27,7 +27,7 @@ from .layout_turn import TextOption, TurnLayout
 
 __all__ = ["DROP", "EACH", "HISTORY", "LAST_USER", "MESSAGE_CONDS", "REFUSE", "STOP_MEANINGS", "SYNTAX", "SYSTEM",
            "TURN", "LayoutDialect", "RoleFrame", "RoleLayout",
-           "system_turn_kind"]
+           "fold_kind", "system_turn_kind"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +313,18 @@ class LayoutDialect:
                                      or self.call_pair is not None))
 
     @property
+    def folded_turns(self) -> bool:
+        """Whether the format folds tool results into the calling turn, writes
+        calls one by one with arguments by a value syntax and tools (if any)
+        by a value syntax in a system turn of its own: read by
+        :mod:`.layout_fold_read` and :mod:`.layout_fold_answer`."""
+        return fold_kind(self.call_result is not None, self.calls, self.arguments, self.tools,
+                         self.system_turn is not None, self.calls_section is not None,
+                         bool(self.split is not None or self.header_turns is not None or self.call_pair is not None
+                              or self.role_frames or self.text_options or self.first_only or self.id_tail
+                              or self.system_hoist is not None or self.call_ids != "absent"))
+
+    @property
     def tokens(self) -> tuple[str, ...]:
         return self.special + self.added
 
@@ -337,6 +349,15 @@ def system_turn_kind(system_turn: bool, tools: str, calls: str, section: bool, a
     read)."""
     return system_turn and tools == LAST_USER and calls == EACH and section and arguments == "tojson" and framed \
         and not other
+
+
+def fold_kind(folded: bool, calls: str, arguments: str, tools: str, system_turn: bool, section: bool,
+              other: bool) -> bool:
+    """The kind :attr:`LayoutDialect.folded_turns` names, from what the
+    dialect file gives (``other``: any feature that kind's reader does not
+    read)."""
+    return folded and calls == EACH and arguments == SYNTAX and tools in (SYNTAX, DROP) and system_turn \
+        and not section and not other
 
 
 _CHANNELS = {"reasoning": "think", "content": "response", "tool_calls": "tools"}

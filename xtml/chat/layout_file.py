@@ -31,6 +31,7 @@ from .layout import (
     LayoutDialect,
     RoleFrame,
     RoleLayout,
+    fold_kind,
     system_turn_kind,
 )
 from .layout_pattern import MAX_TOKENS, Cond, Item, Pattern
@@ -502,13 +503,21 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         set(frames) >= set(roles) - set(first_only),
         bool(tools_syntax or calls_syntax or call_result is not None or continues or content_trim
              or strip is not None or split is not None or turns is not None or call_pair is not None))
+    # Results folded into the calling turn, calls and tools by a value
+    # syntax: the reader of that kind (.layout_fold_read) reads the eight
+    # it names.
+    unread_fold = not fold_kind(
+        call_result is not None, policies["calls"], arguments, policies["tools"], system_turn is not None,
+        call_section is not None,
+        bool(split is not None or turns is not None or call_pair is not None or frames or text_options or first_only
+             or id_tail or hoist is not None or call_ids != "absent"))
     render_only = tuple(what for what, used in (
-        ("a head", head is not None and unread and unread_turn),
+        ("a head", head is not None and unread and unread_turn and unread_fold),
         ("tools declared one by one in their own turn", tools_turn_each is not None and unread),
         ("a suffix added to content", suffix is not None and unread),
         ("arguments as key/value pairs", call_pair is not None and unread),
         ("content written where it holds more than whitespace", asks_text and unread),
-        ("a system turn of its own", system_turn is not None and unread_turn),
+        ("a system turn of its own", system_turn is not None and unread_turn and unread_fold),
         ("text options", bool(text_options) and unread_turn),
         ("a role written only first", bool(first_only) and unread_turn),
         ("tools declared before the last user message", policies["tools"] == LAST_USER and unread_turn),
@@ -516,13 +525,15 @@ def build_layout(c: Checker, data: dict[str, Any], path: str) -> LayoutDialect |
         ("the content beside calls left out", calls_content == DROP and unread_turn),
         ("the first part of a content list", "first" in parts_by_role.values() and unread_turn),
         ("a content list as Python's str()", "str" in parts_by_role.values() and unread_turn),
-        ("tools declared by a value syntax", bool(tools_syntax)),
-        ("arguments written by a value syntax", bool(calls_syntax)),
-        ("tool results folded into the calling turn", call_result is not None),
-        ("a turn continued by the next message of its role", bool(continues)),
-        ("content trimmed part by part", bool(content_trim)),
-        ("text cut out of an answer's content", strip is not None))
-        if used) + (split.render_only if split is not None else ())
+        ("tools declared by a value syntax", bool(tools_syntax) and unread_fold),
+        ("arguments written by a value syntax", bool(calls_syntax) and unread_fold),
+        ("tool results folded into the calling turn", call_result is not None and unread_fold),
+        ("a turn continued by the next message of its role", bool(continues) and unread_fold),
+        ("content trimmed part by part", bool(content_trim) and unread_fold),
+        ("text cut out of an answer's content", strip is not None and unread_fold))
+        # A format that writes a message as several is read by its own
+        # reader (.layout_harmony), which reads each of these it may write.
+        if used and split is None)
     if turns is not None:
         # The writer of [turns] formats writes none of these.
         for what, key, used in (("a head", "system.head", head is not None),

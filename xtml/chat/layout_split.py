@@ -2,7 +2,9 @@
 (spec.md §12): an answer as its reasoning, then its call or its final text,
 each a message with its own header; tool results named by the call they
 answer. What such a file says, read into
-a :class:`SplitLayout`; render is :mod:`.layout_split_render`'s.
+a :class:`SplitLayout`; render is :mod:`.layout_split_render`'s, the parse
+of a prompt and the normal form :mod:`.layout_harmony_prompt`'s, the parse
+of an answer and its stream :mod:`.layout_harmony`'s.
 
 A file is of this kind when it uses any of the keys only it reads
 (:func:`split_mode`); the conditions and slots those keys bring are known to
@@ -15,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .layout_pattern import Cond, Item, Pattern
+from .layout_pattern import Pattern
 from .layout_turn import STRINGS
 
 __all__ = ["CALL_NAME", "ENDS", "SOME_TOOLS", "SYSTEM_TEXT", "SplitLayout", "build_split",
@@ -57,8 +59,6 @@ class SplitLayout:
     """List options → the values each has a condition for
     (``NAME_VALUE``: the list holds it); ``NAME`` is itself a condition: the
     list is given and not empty."""
-    render_only: tuple[str, ...]
-    """What no reader reads back yet, as the readers name it."""
 
 
 class _Checker(Protocol):
@@ -128,8 +128,6 @@ def build_split(c: _Checker, data: Mapping[str, Any], accepted: Sequence[str],
     problems added to ``c``; ``patterns``: the file's bodies and frames."""
     if not split_mode(data):
         return None
-    asks_ends = any(_asks(p.items) for p in patterns)
-    names_call = any(CALL_NAME in p.slots() for p in patterns)
     for (section, key), what in _NOT_WRITTEN.items():
         if key in _tab(data, section):
             c.add(f"{what} is not written by a format that writes a message as several (one that uses "
@@ -179,21 +177,6 @@ def build_split(c: _Checker, data: Mapping[str, Any], accepted: Sequence[str],
         else:
             lists[name] = tuple(values)
     content_reasoning = _tab(data, "calls").get("content") == "reasoning"
-    render_only = tuple(what for what, used in (
-        ("a role's later messages left out", bool(drop_later)),
-        ("only a message's first calls written", bool(keep)),
-        ("the content beside calls written as reasoning", content_reasoning),
-        ("a close chosen by the end of the render", asks_ends),
-        ("reasoning shown where given on the answer that ends the render", ending == "given"),
-        ("a tool result named by the call it answers", names_call),
-        ("list options", bool(lists)))
-        if used)
     return SplitLayout(drop_later=tuple(drop_later), keep_calls=keep,
                        content_reasoning=content_reasoning, forbid=forbid, ending_given=ending == "given",
-                       lists=lists, render_only=render_only)
-
-
-def _asks(items: Sequence[Item]) -> bool:
-    """Whether a pattern's conditions ask :data:`ENDS`."""
-    return any(isinstance(i, Cond) and (ENDS in i.name.replace("not ", "").split(" ") or _asks(i.body))
-               for i in items)
+                       lists=lists)

@@ -19,12 +19,15 @@ from typing import Any
 from ..chat.layout import LayoutDialect
 from ..chat.layout_call_array import array_shape
 from ..chat.layout_engine import parse_completion, parse_prompt
+from ..chat.layout_fold_answer import fold_shape
+from ..chat.layout_harmony import HarmonyLive, reasoning_length_harmony
 from ..chat.layout_open import open_shape
 from ..chat.layout_parse import Lexed, first_of, shape
 from ..chat.layout_pattern import TOKEN_BASE, Slot
 from ..errors import ParseError, shown
 from ..vocab.tokens import TokenBinding, locate, tokens_bound
 from ..vocab.vocabulary import Vocabulary
+from .layout_fold_stream import FoldLive
 from .layout_turns import TurnsLive
 from .stream import StreamEvent, StreamState
 
@@ -37,7 +40,13 @@ def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]
     stop token when it never closes, none when it has none (the block does
     not open the answer, or the prompt opened it and it closes after the
     stop token or never)."""
-    sh = open_shape(d) if d.open_turns else array_shape(d) if d.system_turns else shape(d)
+    if d.split is not None:
+        try:
+            return reasoning_length_harmony(d, lex_ids(binding, ids), len(ids))
+        except ParseError as e:
+            return reasoning_length_harmony(d, lex_ids(binding, ids[:e.offset]), e.offset)
+    sh = open_shape(d) if d.open_turns else array_shape(d) if d.system_turns else fold_shape(d) if d.folded_turns \
+        else shape(d)
     if sh.think is None or d.header_turns is not None:
         return 0
     try:
@@ -62,7 +71,9 @@ def reasoning_length(d: LayoutDialect, binding: TokenBinding, ids: Sequence[int]
 
 
 def bind(d: LayoutDialect, vocab: Vocabulary) -> TokenBinding:
-    return tokens_bound(d.special, d.added, tuple(d.stops), TOKEN_BASE, vocab)
+    # A message_end token lets the model go on: generation does not stop there.
+    return tokens_bound(d.special, d.added, tuple(t for t, m in d.stops.items() if m != "message_end"), TOKEN_BASE,
+                        vocab)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -251,7 +262,8 @@ class LayoutStream:
         self._clean = True
         self._chars = binding.char_of_id
         stop_chars = {d.chars()[t]: m for t, m in d.stops.items()}
-        self._stops = {i: stop_chars[c] for i, c in self._chars.items() if c in stop_chars}
+        self._stops = {i: stop_chars[c] for i, c in self._chars.items()
+                       if c in stop_chars and stop_chars[c] != "message_end"}
         # Text streams as it comes when the answer is its content alone;
         # otherwise the content goes out whole at the end.
         body = d.roles["assistant"].body.items if "assistant" in d.roles else ()
@@ -259,8 +271,9 @@ class LayoutStream:
             and not body[0].codec and bool(self._bytes)
         # An answer with reasoning and calls streams its reasoning and
         # content as they come when every token of it is an id here.
-        sh = open_shape(d) if d.open_turns else array_shape(d) if d.system_turns else shape(d)
-        self._rich: _RichLive | TurnsLive | None = None
+        sh = open_shape(d) if d.open_turns else array_shape(d) if d.system_turns else fold_shape(d) \
+            if d.folded_turns else shape(d)
+        self._rich: _RichLive | TurnsLive | FoldLive | HarmonyLive | None = None
         # (Not where the prompt may open the reasoning block: only its close
         # says the text before it was reasoning.)
         if not self._live and bool(self._bytes) and not binding.text_tokens and (sh.think or sh.call) \
@@ -268,6 +281,10 @@ class LayoutStream:
             self._rich = _RichLive(sh)
         if d.header_turns is not None and bool(self._bytes) and not binding.text_tokens:
             self._rich = TurnsLive(d)
+        if d.folded_turns and bool(self._bytes) and not binding.text_tokens:
+            self._rich = FoldLive(d, tools)
+        if d.split is not None:
+            self._rich = HarmonyLive(d) if bool(self._bytes) and not binding.text_tokens else None
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
         self._trailing = False
         # The lexed string of what was fed, made as it comes (as the batch

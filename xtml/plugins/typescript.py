@@ -5,7 +5,7 @@ templates run with: blocks trimmed, ``tojson`` with Python's default
 separators).
 
 The namespace is prompt text only: a model answers with JSON arguments, so
-this syntax has one operation, ``declare``.
+this syntax declares tools and reads a declaration back (``declared``).
 
 What the template does, mirrored as it is: only top-level parameters carry
 their descriptions and defaults as ``//`` comments; a nested object is
@@ -16,18 +16,30 @@ variants are joined by `` | `` and a newline; properties keep the schema's
 order. Where the template raises (a description, a name or, beside an
 ``enum`` or a ``oneOf``, a default that is not a string; a tool without a
 description), :meth:`TypeScriptNamespace.declare` raises a located error.
+
+Read back (:meth:`TypeScriptNamespace.declared`): the namespace does not
+write everything a schema says (``integer`` is ``number``, a nested
+property has no description, a list of types is a union), so a
+declaration reads back as the tools it spells: each type as
+the plainest schema written so (``string``, ``number``, ``boolean``,
+``object``, a string ``enum``, ``nullable``, ``array`` with its ``items``,
+an ``object`` with ``properties`` and ``required``, a ``oneOf`` of
+variants, a list of types), top-level descriptions and defaults from their
+comments. Text it does not spell raises a :class:`~xtml.errors.ParseError`
+at its character offset.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import RequestError, shown
+from ..errors import ParseError, RequestError, shown
 from .api import ValueSyntax
 
-__all__ = ["TypeScriptNamespace", "syntax"]
+__all__ = ["TypeScriptNamespace", "read_namespace", "syntax"]
 
 NAMESPACE = "functions"
 _PROPERTY_INDENT = " " * 16
@@ -176,12 +188,154 @@ def _tool(tool: Any, where: str) -> str:
     return "".join(out)
 
 
+# The reading of a namespace: the plainest schema each spelling writes.
+
+_HEAD = f"## {NAMESPACE}\n\nnamespace {NAMESPACE} {{\n\n"
+_TAIL = f"}} // namespace {NAMESPACE}"
+_TOOL = re.compile(r"// (?P<desc>.*?)\ntype (?P<name>[^\n]*?) = ", re.S)
+_PROP = re.compile(r"(?:// (?P<desc>[^\n]*)\n)?(?P<name>[^\n:]*?)(?P<opt>\??): ")
+_WORDS = {"string": "string", "number": "number", "boolean": "boolean", "object": "object", "null": "null"}
+
+
+def read_namespace(text: str) -> list[dict[str, Any]]:
+    """The tools a namespace declares, each ``{"type": "function",
+    "function": {"name", "description"[, "parameters"]}}``."""
+    if not text.startswith(_HEAD) or not text.endswith(_TAIL):
+        raise ParseError("not a namespace of functions", offset=0)
+    pos, end = len(_HEAD), len(text) - len(_TAIL)
+    tools: list[dict[str, Any]] = []
+    while pos < end:
+        m = _TOOL.match(text, pos)
+        if m is None:
+            raise ParseError("expected a tool's description and type", offset=pos)
+        fn: dict[str, Any] = {"name": m.group("name"), "description": m.group("desc")}
+        pos = m.end()
+        if text.startswith("() => any;\n\n", pos):
+            pos += len("() => any;\n\n")
+        elif text.startswith("(_: {\n", pos):
+            fn["parameters"], pos = _read_parameters(text, pos + len("(_: {\n"))
+        else:
+            raise ParseError("expected a tool's parameters", offset=pos)
+        tools.append({"type": "function", "function": fn})
+    return tools
+
+
+def _read_parameters(text: str, pos: int) -> tuple[dict[str, Any], int]:
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    close = "}) => any;\n\n"
+    while not text.startswith(close, pos):
+        m = _PROP.match(text, pos)
+        if m is None or not m.group("name"):
+            raise ParseError("expected a parameter", offset=pos)
+        spec, pos = _read_type(text, m.end())
+        if m.group("desc") is not None:
+            spec = {**spec, "description": m.group("desc")}
+        if text.startswith(", // default: ", pos) or text.startswith("// default: ", pos):
+            pos = text.index("// default: ", pos) + len("// default: ")
+            nl = text.find(",\n", pos)
+            if nl < 0:
+                raise ParseError("a default that does not end", offset=pos)
+            raw = text[pos:nl]
+            if "enum" in spec or "oneOf" in spec:
+                spec["default"] = raw
+            else:
+                try:
+                    spec["default"] = json.loads(raw)
+                except ValueError:
+                    raise ParseError("a default that is not JSON", offset=pos) from None
+            pos = nl
+        if not text.startswith(",\n", pos):
+            raise ParseError("expected the end of a parameter", offset=pos)
+        pos += 2
+        props[m.group("name")] = spec
+        if not m.group("opt"):
+            required.append(m.group("name"))
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        out["required"] = required
+    return out, pos + len(close)
+
+
+def _read_type(text: str, pos: int) -> tuple[dict[str, Any], int]:
+    """A type at ``pos``: the schema it spells and where it ends."""
+    first, pos = _read_one(text, pos)
+    if text.startswith(" | \n", pos):
+        variants = [first]
+        while text.startswith(" | \n", pos):
+            v, pos = _read_one(text, pos + 4)
+            variants.append(v)
+        return {"oneOf": variants}, pos
+    if text.startswith(" | ", pos) and "type" in first and not first.get("enum"):
+        types = [first["type"]]
+        while text.startswith(" | ", pos):
+            m = re.compile(r"[a-z]+").match(text, pos + 3)
+            if m is None:
+                raise ParseError("expected a type", offset=pos + 3)
+            types.append(m.group())
+            pos = m.end()
+        if len(types) == 2 and types[1] == "null" and types[0] in ("string", "array"):
+            return {**first, "nullable": True}, pos
+        return {"type": types}, pos
+    return first, pos
+
+
+def _read_one(text: str, pos: int) -> tuple[dict[str, Any], int]:
+    if text.startswith('"', pos):
+        members: list[str] = []
+        while True:
+            q = text.find('"', pos + 1)
+            if q < 0:
+                raise ParseError("an enum member that does not end", offset=pos)
+            members.append(text[pos + 1:q])
+            pos = q + 1
+            if not text.startswith(' | "', pos):
+                return {"type": "string", "enum": members}, pos
+            pos += 3
+    if text.startswith("{\n", pos):
+        pos += 2
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        while not text.startswith("}", pos):
+            m = re.compile(r"(?P<name>[^\n:]*?)(?P<opt>\??): \n" + _PROPERTY_INDENT).match(text, pos)
+            if m is None:
+                raise ParseError("expected a property", offset=pos)
+            spec, pos = _read_type(text, m.end())
+            props[m.group("name")] = spec
+            if not m.group("opt"):
+                required.append(m.group("name"))
+            if text.startswith(", ", pos) and not text.startswith(", //", pos):
+                pos += 2
+            elif not text.startswith("}", pos):
+                raise ParseError("expected the end of a property", offset=pos)
+        out: dict[str, Any] = {"type": "object", "properties": props}
+        if required:
+            out["required"] = required
+        return _read_array(text, pos + 1, out)
+    m = re.compile(r"[a-z]+").match(text, pos)
+    if m is None:
+        raise ParseError("expected a type", offset=pos)
+    word = m.group()
+    if word == "any":
+        return _read_array(text, m.end(), {})
+    if word not in _WORDS:
+        raise ParseError(f"{word!r} is not a type the namespace writes", offset=pos)
+    return _read_array(text, m.end(), {"type": _WORDS[word]})
+
+
+def _read_array(text: str, pos: int, spec: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    while text.startswith("[]", pos):
+        spec = {"type": "array", "items": spec} if spec else {"type": "array"}
+        pos += 2
+    return spec, pos
+
+
 class TypeScriptNamespace(ValueSyntax):
     """Tools as harmony's ``namespace functions { ... }`` (declarations
     only)."""
 
     name = "typescript"
-    operations = frozenset({"declare"})
+    operations = frozenset({"declare", "declared", "jinja"})
 
     def declare(self, tools: Sequence[Mapping[str, Any]]) -> str:
         """``## functions`` and the namespace, as the developer message
@@ -190,6 +344,16 @@ class TypeScriptNamespace(ValueSyntax):
             raise RequestError(f"tools are a list, not {shown(tools)}", location="tools")
         body = "".join(_tool(t, f"tools[{i}]") for i, t in enumerate(tools))
         return f"## {NAMESPACE}\n\nnamespace {NAMESPACE} {{\n\n{body}}} // namespace {NAMESPACE}"
+
+    def declared(self, text: str) -> list[dict[str, Any]]:
+        """The tools a namespace :meth:`declare` wrote reads back as."""
+        return read_namespace(text)
+
+    def jinja_macros(self, prefix: str) -> str:
+        """:meth:`declare` as Jinja macros (:mod:`.typescript_jinja`)."""
+        from .typescript_jinja import macros
+
+        return macros(prefix)
 
 
 syntax = TypeScriptNamespace()

@@ -8,7 +8,9 @@ namespace. Such a syntax is a plugin of the kind :class:`ValueSyntax`, found
 through the ``xtml.value_syntaxes`` entry-point group (:data:`GROUP`) by
 :func:`load_value_syntax`; the core names none of them.
 
-A syntax says which operations it has in :attr:`ValueSyntax.operations`;
+A syntax says which operations it has in :attr:`ValueSyntax.operations`
+(``jinja``, its writer as Jinja macros, lets a dialect that names it be
+exported as a Jinja chat template);
 asking one for another raises :class:`NoOperation`, located at the syntax
 and the operation.
 """
@@ -34,7 +36,7 @@ __all__ = [
 GROUP = "xtml.value_syntaxes"
 """The entry-point group value syntaxes are installed under."""
 
-OPERATIONS = frozenset({"declare", "write", "read", "grammar", "reader"})
+OPERATIONS = frozenset({"declare", "declared", "write", "read", "grammar", "reader", "jinja"})
 """Every operation a value syntax may have."""
 
 
@@ -81,6 +83,10 @@ class ValueSyntax:
         """The tools' declarations, as the format writes them in a prompt."""
         raise self.missing("declare")
 
+    def declared(self, text: str) -> Sequence[Mapping[str, Any]]:
+        """The tools a declaration :meth:`declare` wrote reads back as."""
+        raise self.missing("declared")
+
     def write(self, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
         """A call's arguments as the format writes them."""
         raise self.missing("write")
@@ -89,16 +95,42 @@ class ValueSyntax:
         """The arguments ``text`` holds, read against the tool's schema."""
         raise self.missing("read")
 
-    def grammar(self, schema: Mapping[str, Any], syntax: str = "llguidance", rule: str = "arguments") -> str:
+    def grammar(self, schema: Mapping[str, Any], syntax: str = "llguidance", rule: str = "arguments",
+                tokens: Mapping[str, str] | None = None) -> str:
         """Grammar rules, in ``syntax``, of the arguments as this syntax
         writes them for ``schema``: the rule ``rule`` and helper rules and
-        terminals whose names start with it."""
+        terminals whose names start with it. ``tokens``: how the grammar
+        references each special token of the format the vocabulary has as
+        one id (text the syntax writes that is such a token is the
+        reference, and free text never spells it); a token absent is text."""
         raise self.missing("grammar")
 
     def reader(self, schema: Mapping[str, Any] | None = None) -> ValueReader:
         """A :class:`ValueReader` of one arguments text (read against
         ``schema``, the tool's, when given)."""
         raise self.missing("reader")
+
+    def jinja_macros(self, prefix: str) -> str:
+        """The writer as Jinja macros, for a chat template exported from a
+        dialect that names this syntax (``xtml export jinja``): source that
+        defines ``{prefix}declare(tools)``, writing what :meth:`declare`
+        writes of a list of tools, and ``{prefix}write(arguments, at)``,
+        writing what :meth:`write` writes of an object, and helper macros
+        whose names start with ``prefix``. Where :meth:`declare` or
+        :meth:`write` raise, the macros call ``raise_exception`` with the
+        same message and location: ``tools[…]…`` for the declarations, ``at``
+        (the Jinja string of where the arguments are, such as
+        ``messages[1].tool_calls[0].function.arguments``) followed by the
+        path inside them for the arguments. They use the Jinja that
+        transformers' jinja2, ``@huggingface/jinja`` and llama.cpp's engine
+        share, or raise where an engine cannot write what Python writes;
+        the template defines, before them, ``x_py`` (true in jinja2, whose
+        ``string`` filter is Python's ``str()``), ``x_ascii(s)`` (``'y'`` when
+        ``s`` holds only printable ASCII, tab, line feed and carriage
+        return), ``x_repr(s)`` (``shown()`` of a string) and ``x_pfloat(v)``
+        (a float as Python's ``repr()``, or a raise where the engine's digits
+        read back as another number)."""
+        raise self.missing("jinja")
 
     def missing(self, operation: str) -> NoOperation:
         """The error for an operation this syntax does not have."""
