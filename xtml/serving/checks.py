@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import MessageError, OptionError, RequestError, shown
+from ..plugins import jsonfmt
 from ..template import check_fields
 from .engines import BACKENDS, Generation
 from .responses import Exchange, ResponseStore, translate
@@ -57,6 +58,51 @@ def _servable(body: Mapping[str, Any], text_parts: tuple[str, ...]) -> None:
                                    "ids only, so the model would never see it", index=i, path=f"content[{j}]")
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key given twice")
+    return out
+
+
+def arguments_as_objects(t: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """The body with each call's arguments text read as the JSON object it
+    holds, for a format whose template writes arguments through ``tojson``.
+
+    Clients send arguments as JSON text (the OpenAI shape); engines read it
+    as JSON before the chat template sees it (vLLM's chat_utils does, for
+    every model), so such a template writes the object the model wrote, not
+    a JSON string of it. Text that is no JSON object, or one with a key
+    given twice (an object would lose one), stays text."""
+    if getattr(getattr(t, "layout", None), "arguments", None) != "tojson":
+        return body
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        return body
+    out: list[Any] = []
+    for m in msgs:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(calls, list):
+            m = {**m, "tool_calls": [_call_as_object(c) for c in calls]}
+        out.append(m)
+    return {**body, "messages": out}
+
+
+def _call_as_object(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    args = fn.get("arguments") if isinstance(fn, dict) else None
+    if not isinstance(args, str):
+        return call
+    try:
+        value = jsonfmt.read(args, object_pairs_hook=_unique)
+    except ValueError:  # not JSON, a key twice, or nested past the reader
+        return call
+    if not isinstance(value, dict):
+        return call
+    assert isinstance(fn, dict)
+    return {**call, "function": {**fn, "arguments": value}}
+
+
 def chat_job(served: Served, body: Any) -> Job:
     """Check a chat-completions body and render its prompt."""
     if not isinstance(body, dict):
@@ -75,6 +121,7 @@ def chat_job(served: Served, body: Any) -> Job:
     for k in BACKENDS[served.kind].lacks:
         if params.get(k):
             raise RequestError(f"{k} cannot be served: the {served.kind} backend has no such field", location=k)
+    body = arguments_as_objects(t, body)
     encoded = t.encode_request(body, vocab, unknown_keys="ignore")
     o = encoded.options
     if o.continue_final:
