@@ -147,7 +147,8 @@ SHAPES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
 
 
 SPECIAL_TOKENS = {"llama-3.1": {"bos_token": "<|begin_of_text|>"},
-                  "deepseek-v3.1": {"bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>"}}
+                  "deepseek-v3.1": {"bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>"},
+                  "gemma-4": {"bos_token": "<bos>"}}
 """The special tokens a model's tokenizer_config.json gives its template
 (``{{ bos_token }}``), which transformers passes from the tokenizer: the
 one built here from the GGUF has none of its own."""
@@ -233,17 +234,26 @@ class Dialect:
                                   "content": PARAGRAPH * reps}
         tools = None
         if call:
-            # No id: a format that writes ids spells its own.
+            # No id: a format that writes ids spells its own (one that takes
+            # them as given refuses the call: the answer is then without it).
             answer["tool_calls"] = [{"type": "function", "function": {
                 "name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 3})}}]
             tools = make_chat(2, 1)["tools"]
         req: dict[str, Any] = {"messages": user} | ({"tools": tools} if tools else {})
-        prompt = self.t.render(req).text
-        whole = self.t.render({**req, "messages": [*user, answer], "add_generation_prompt": False}).text
-        if not whole.startswith(prompt):
+        # The options as given, then each boolean flipped: a prompt that
+        # holds a closed block (thinking off) is extended by no answer.
+        flips = [{k: not v} for k, v in self.t.layout.options.items() if isinstance(v, bool)]
+        for opts in ({}, *flips):
+            prompt = self.t.render(req, **opts).text
+            whole = self.t.render({**req, "messages": [*user, answer], "add_generation_prompt": False}, **opts).text
+            if whole.startswith(prompt):
+                break
+        else:
             raise SystemExit(f"bench_families: {self.name}: the answer's render does not extend the prompt")
         text = whole[len(prompt):]
-        stops = [(text.find(s), s) for s in self.t.layout.stops if s in text]
+        # A close that ends a message but not the answer (harmony's <|end|>)
+        # is not where the model stops.
+        stops = [(text.find(s), s) for s, m in self.t.layout.stops.items() if s in text and m != "message_end"]
         if stops:
             at, stop = min(stops)
             text = text[: at + len(stop)]

@@ -27,23 +27,30 @@ def _answer(tpl: LayoutTemplate, vocab: Vocabulary, reps: int) -> list[int]:
     """An answer with reasoning (where the format has it) and content, as
     the model writes it after the generation prompt, up to its stop token."""
     user = [{"role": "user", "content": "Go on."}]
-    for answer in ({"role": "assistant", "reasoning_content": TEXT * reps, "content": TEXT * reps},
-                   {"role": "assistant", "content": TEXT * reps}):
-        prompt = tpl.render({"messages": user}).text
-        whole = tpl.render({"messages": [*user, answer], "add_generation_prompt": False}).text
-        text = whole[len(prompt):]
-        if whole.startswith(prompt) and (reps == 1 or "reasoning_content" not in answer
-                                        or tpl.parse(_answer_ids(tpl, vocab, text), vocab, completion=True)
-                                        .get("reasoning_content")):
-            return _answer_ids(tpl, vocab, text)
+    # The options as given, then each boolean flipped: a prompt that holds a
+    # closed block (thinking off) is extended by no rendered answer.
+    flips = [{k: not v} for k, v in tpl.layout.options.items() if isinstance(v, bool)]
+    for opts in ({}, *flips):
+        for answer in ({"role": "assistant", "reasoning_content": TEXT * reps, "content": TEXT * reps},
+                       {"role": "assistant", "content": TEXT * reps}):
+            prompt = tpl.render({"messages": user}, **opts).text
+            whole = tpl.render({"messages": [*user, answer], "add_generation_prompt": False}, **opts).text
+            text = whole[len(prompt):]
+            if whole.startswith(prompt) and (reps == 1 or "reasoning_content" not in answer
+                                            or tpl.parse(_answer_ids(tpl, vocab, text), vocab, completion=True)
+                                            .get("reasoning_content")):
+                return _answer_ids(tpl, vocab, text)
     raise AssertionError(f"{tpl.layout.name}: no answer extends the prompt")
 
 
 def _answer_ids(tpl: LayoutTemplate, vocab: Vocabulary, text: str) -> list[int]:
-    if not any(s in text for s in tpl.layout.stops):
+    # A close that ends a message but not the answer (harmony's <|end|>) is
+    # not where the model stops.
+    stops = [s for s, meaning in tpl.layout.stops.items() if meaning != "message_end"]
+    if not any(s in text for s in stops):
         # A turn no marker closes: the model ends it with the next turn's token.
         text += next(s for s, meaning in tpl.layout.stops.items() if meaning == "end")
-    at, stop = min((text.find(s), s) for s in tpl.layout.stops if s in text)
+    at, stop = min((text.find(s), s) for s in stops if s in text)
     return tpl.completion_ids(text[:at + len(stop)], vocab)
 
 
