@@ -238,3 +238,22 @@ def test_markers_left_spelled_pass_as_json_text(name: str, fmt: str) -> None:
     c = checks()[f"{name}, markers spelled"]
     assert outcomes()[1][fmt, f"{name}, markers spelled"] == {"taken": len(c.ids), "terminated": True,
                                                                "refused": None}
+
+
+def test_a_literal_with_a_control_character_before_a_hex_letter_is_that_text() -> None:
+    """A literal is written with escapes xgrammar reads as written: a
+    control character followed by a hex letter is two characters, not one
+    (xgrammar reads ``\\x`` greedily)."""
+    from xtml.codec.completion.xgrammar import _ebnf_str
+
+    python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
+    texts = ["\x01a", "\x1fF", "a\x7fbc", "\x00" + "0" * 3, "tab\there\nnew\x02e"]
+    cases = [(_ebnf_str(t), t, True) for t in texts] + [(_ebnf_str(t), t[:-1], False) for t in texts]
+    script = ("import json, sys, xgrammar as x\n"
+              "out = [x.testing._is_grammar_accept_string(x.Grammar.from_ebnf('root ::= ' + g), t)"
+              " for g, t, _ in json.load(sys.stdin)]\n"
+              "json.dump(out, sys.stdout)")
+    run = subprocess.run([python, "-I", "-c", script], input=json.dumps(cases), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout) == [want for _, _, want in cases]

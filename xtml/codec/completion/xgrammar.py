@@ -40,7 +40,9 @@ def _ebnf_str(s: str) -> str:
         elif ch == "\r":
             out.append("\\r")
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
+            # Not \xHH: xgrammar reads \x as greedily as C does, so a hex
+            # letter after it would join the escape (\x01a is one character).
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
