@@ -123,7 +123,7 @@ def test_where_the_template_raises_declare_says_where() -> None:
 
 def test_it_declares_and_reads_declarations_only() -> None:
     assert isinstance(T, ValueSyntax) and T.name == "typescript" and "typescript" in xtml.plugins.value_syntaxes()
-    assert T.operations == {"declare", "declared"}
+    assert T.operations == {"declare", "declared", "jinja"}
     calls: dict[str, Callable[[], object]] = {
         "write": lambda: T.write({}, {}), "read": lambda: T.read("{}", {}), "reader": lambda: T.reader(),
         "grammar": lambda: T.grammar({"type": "object"})}

@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 ROUTE = LLAMACPP_PROBE[:LLAMACPP_PROBE.index("-#}") + 3]
-KWARGS = {"llama-3.1": ("date_string", "tools_in_user_message", "builtin_tools"), "mistral-small-3.1": ("date",)}
+KWARGS = {"llama-3.1": ("date_string", "tools_in_user_message", "builtin_tools"), "mistral-small-3.1": ("date",),
+          "gpt-oss": ("date", "model_identity", "reasoning_effort", "builtin_tools")}
 """A dialect's own keyword arguments (its official template's), which the
 probe reads beside the shared ones."""
 

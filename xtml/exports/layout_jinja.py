@@ -32,10 +32,12 @@ from collections.abc import Mapping
 from ..chat.layout import EACH, HISTORY, SYSTEM, TURN, LayoutDialect
 from ..chat.layout_pattern import Pattern
 from ..errors import TemplateError
+from . import layout_jinja_fold as _fold
 from . import layout_jinja_pairs as _pairs
 from . import layout_jinja_system as _sys
 from .jinja_text import quote as _q
 from .layout_jinja_base import _Code, _Parts, _Value, _Writer
+from .layout_jinja_split import SplitWriter
 from .layout_jinja_turns import _TurnsWriter
 
 __all__ = ["layout_jinja_template"]
@@ -52,7 +54,11 @@ class _FramedWriter(_Writer):
             out.append(self.pattern(d.head, {}, opts))
         # The format's own system turn, then the tools checked where they are
         # declared before the last user message.
-        out.append(_sys.system_turn(d, self.pattern, opts))
+        out.append(_sys.system_turn(d, self.pattern, opts, _fold.tools_value(d, _Code)))
+        if d.call_result is not None:
+            # Results written in the turn that called for them: a loop of its own.
+            out.append(_fold.render(d, self.pattern, opts, _Code))
+            return "".join(out)
         prepare, declaration = _sys.declared_tools(d, self.pattern, opts, _Code)
         out.append(prepare)
         if d.tools == TURN:
@@ -232,7 +238,8 @@ def layout_jinja_template(d: LayoutDialect) -> str:
     yet, an option name that cannot be a Jinja variable, text no engine
     reads alike (a control character)."""
     try:
-        writer: _Writer = _FramedWriter(d) if d.header_turns is None else _TurnsWriter(d)
+        writer: _Writer = (SplitWriter(d) if d.split is not None else _FramedWriter(d) if d.header_turns is None
+                           else _TurnsWriter(d))
         return writer.write()
     except TemplateError as e:
         if e.location is not None:

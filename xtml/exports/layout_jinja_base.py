@@ -25,10 +25,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..chat.layout import DROP, EACH, HISTORY, LAST_USER, REFUSE, SYSTEM, TURN, LayoutDialect
+from ..chat.layout import DROP, EACH, HISTORY, LAST_USER, REFUSE, SYNTAX, SYSTEM, TURN, LayoutDialect
 from ..chat.layout_pattern import Cond, Item, Lit, Pattern, Slot, Tok
 from ..chat.layout_turn import KEEP, STRING, STRINGS, TURNS, TurnLayout
 from ..errors import TemplateError
+from . import layout_jinja_fold as _fold
 from . import layout_jinja_pairs as _pairs
 from . import layout_jinja_system as _sys
 from .jinja_text import comment as _comment
@@ -58,6 +59,8 @@ _KNOWN = {
     "render_only",
     # A system turn of the format's own and what comes with it (.layout_jinja_system).
     *_sys.KNOWN,
+    # Results folded into the calling turn, values of a value syntax (.layout_jinja_fold).
+    *_fold.KNOWN,
 }
 """The fields of :class:`LayoutDialect` this writer reads or knows it may
 leave alone. A field it does not know (the language grows) is refused unless
@@ -67,12 +70,12 @@ _CHOICES: dict[str, tuple[object, ...]] = {
     "content_parts": (REFUSE, "join"),
     "content_missing": (REFUSE, "empty"),
     "calls": (DROP, REFUSE, EACH),
-    "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS, LAST_USER),
+    "tools": (DROP, REFUSE, SYSTEM, TURN, TURNS, LAST_USER, SYNTAX),
     "calls_content": ("keep", DROP),
     "reasoning": (DROP, HISTORY),
     "reasoning_show": ("never", "after_last_query", "after_last_answer", "after_last_user"),
     "call_ids": ("absent", "given", "generated"),
-    "arguments": ("as_given", "tojson", "string", "pairs"),
+    "arguments": ("as_given", "tojson", "string", "pairs", SYNTAX),
 }
 
 _CODECS = {"strip_nl": "x_strip({}, true, true)", "lstrip_nl": "x_strip({}, true, false)",
@@ -225,6 +228,7 @@ class _Writer(ABC):
             self._check_name(name)
         for name in _sys.check(d):
             self._check_name(name)
+        _fold.check(d)
 
     def _check_name(self, name: str) -> None:
         d = self.d
@@ -315,12 +319,24 @@ class _Writer(ABC):
 
     def write(self) -> str:
         return (self.header() + _MACROS + _STRIP + (_pairs.MACROS if _sys.needs_json(self.d) else "")
-                + _sys.macros(self.d) + self.format_macros() + self.macros() + self.read_options()
-                + self.read_messages() + self.render())
+                + _sys.macros(self.d) + _fold.macros(self.d, self.helpers()) + self.format_macros() + self.macros()
+                + self.read_options() + self.read_messages() + self.render())
+
+    def helpers(self) -> dict[str, bool]:
+        """Which of the helper macros a value syntax calls the template
+        already defines."""
+        d = self.d
+        py = "str" in d.parts_by_role.values() or bool(d.id_tail)
+        return {"x_pfloat": _sys.needs_json(d), "x_ascii": py, "x_py": py}
 
     def format_macros(self) -> str:
         """Macros the format's own render calls, written before the
         dialect's."""
+        return ""
+
+    def message_checks(self) -> str:
+        """The format's own refusals of message ``x_m`` (role ``x_r``, index
+        ``x_i``), before its content is read."""
         return ""
 
     @abstractmethod
@@ -405,6 +421,7 @@ class _Writer(ABC):
                       + " ~ " + _at_message("role")),
                "{%- endif -%}",
                _sys.message_checks(d),
+               self.message_checks(),
                "{%- set x_y = namespace(content='', reasoning=none, calls=[], name='', call_id='', parts=[], "
                "images=false, kept=none) -%}",
                "{%- set x_c = " + _sys.content_of(d) + " -%}",
@@ -503,7 +520,8 @@ class _Writer(ABC):
                     # them), or as given (a string as it is); pairs keep the
                     # object, written pair by pair.
                     "{%- set x_a = x_pjson(x_a, false) ~ '' -%}" if d.arguments == "tojson" else
-                    "" if d.arguments == "pairs" else "{%- set x_a = x_json(x_a) ~ '' if x_a is mapping else x_a -%}",
+                    "" if d.arguments in ("pairs", SYNTAX)
+                    else "{%- set x_a = x_json(x_a) ~ '' if x_a is mapping else x_a -%}",
                     "{%- set x_y.calls = x_y.calls + [[x_f.name, x_a, '']] -%}",
                     "{%- endfor -%}",
                     self.string_arguments(),

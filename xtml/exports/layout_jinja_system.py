@@ -337,9 +337,9 @@ def result_id_tail(d: LayoutDialect, reading: list[str]) -> str:
         "{%- endif -%}"])
 
 
-def system_turn(d: LayoutDialect, pattern: Pat, options: Mapping[str, str]) -> str:
+def system_turn(d: LayoutDialect, pattern: Pat, options: Mapping[str, str], tools: object = "''") -> str:
     """The system turn, holding the first message when it has one of the
-    system roles; ``x.start`` past it."""
+    system roles; ``x.start`` past it. ``tools``: its ``{tools}`` slot's value."""
     turn = d.system_turn
     if turn is None:
         return ""
@@ -356,7 +356,7 @@ def system_turn(d: LayoutDialect, pattern: Pat, options: Mapping[str, str]) -> s
                             "content)")),
                 "{%- endif -%}"]
     given = "tools is defined and tools is not none"
-    values: dict[str, object] = {"system": "x.entries[0][1] if x.has_system else ''", "tools": "''"}
+    values: dict[str, object] = {"system": "x.entries[0][1] if x.has_system else ''", "tools": tools}
     values.update({name: f"x_to.t{k}" for k, name in enumerate(d.text_options)})
     out += [pattern(turn, values, {**options, "has_system": "x.has_system", "has_tools": given,
                                    "some_tools": given + " and x_given(tools) == 'y'"}),

@@ -5,7 +5,9 @@ templates run with: blocks trimmed, ``tojson`` with Python's default
 separators).
 
 The namespace is prompt text only: a model answers with JSON arguments, so
-this syntax declares tools and reads a declaration back (``declared``).
+this syntax declares tools, reads a declaration back (``declared``) and
+writes its declarations as Jinja macros for the Jinja export (``jinja``,
+:mod:`.typescript_jinja`).
 
 What the template does, mirrored as it is: only top-level parameters carry
 their descriptions and defaults as ``//`` comments; a nested object is
@@ -31,6 +33,7 @@ at its character offset.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -346,14 +349,30 @@ class TypeScriptNamespace(ValueSyntax):
         return f"## {NAMESPACE}\n\nnamespace {NAMESPACE} {{\n\n{body}}} // namespace {NAMESPACE}"
 
     def declared(self, text: str) -> list[dict[str, Any]]:
-        """The tools a namespace :meth:`declare` wrote reads back as."""
-        return read_namespace(text)
+        """The tools a namespace :meth:`declare` wrote reads back as, each
+        call its own."""
+        if len(text) > _KEPT_TEXT:
+            return read_namespace(text)
+        return json.loads(_declared_json(text))  # type: ignore[no-any-return]
 
     def jinja_macros(self, prefix: str) -> str:
         """:meth:`declare` as Jinja macros (:mod:`.typescript_jinja`)."""
         from .typescript_jinja import macros
 
         return macros(prefix)
+
+
+@functools.lru_cache(maxsize=32)
+def _declared_json(text: str) -> str:
+    """A namespace's reading, kept by its text as JSON (which each reading
+    loads afresh): render reads back the declaration it writes, and a
+    client sends the same tools with every request."""
+    return json.dumps(read_namespace(text))
+
+
+_KEPT_TEXT = 65_536
+"""The longest namespace kept: the few tool sets clients send, not one
+request's of any size."""
 
 
 syntax = TypeScriptNamespace()
