@@ -12,6 +12,7 @@ import ast
 import itertools
 import json
 import random
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xtml.plugins
+from tests.helpers.gemma_grammar import gbnf_lark
+from tests.helpers.need import need
 from tests.helpers.value_syntaxes import GEMMA, QUOTE, TEXT, hf_render, objects, takes, template, values, walk
 from xtml.errors import ParseError, RequestError
 from xtml.plugins import NoOperation, ValueSyntax, load_value_syntax
@@ -276,14 +279,24 @@ def test_what_cannot_be_written_is_refused_where_it_is() -> None:
 WALKS = 2
 
 
-def test_walks_read_back_valid() -> None:
+def _grammar(s: dict[str, Any], syntax: str) -> str:
+    """The arguments' grammar in ``syntax`` as llguidance's Lark (GBNF through
+    llguidance's converter), a text of them its whole language."""
+    if syntax == "gbnf":
+        return gbnf_lark("root ::= args\n" + G.grammar(s, "gbnf", "args"))
+    lark: str = G.grammar(s)
+    return "start: arguments\n" + lark
+
+
+@pytest.mark.parametrize("syntax", ["llguidance", "gbnf"])
+def test_walks_read_back_valid(syntax: str) -> None:
     done = 0
 
     @settings(max_examples=220, deadline=None)
     @given(objects(), st.integers(0, 2**32))
     def run(s: dict[str, Any], seed: int) -> None:
         nonlocal done
-        grammar = "start: arguments\n" + G.grammar(s)
+        grammar = _grammar(s, syntax)
         for k in range(WALKS):
             text = walk(grammar, random.Random(seed * WALKS + k))
             try:
@@ -297,35 +310,93 @@ def test_walks_read_back_valid() -> None:
             done += 1
 
     run()
-    COUNTS["walks"] = done
-    print("gemma walks:", done)
+    if syntax == "llguidance":
+        COUNTS["walks"] = done
+    print(f"gemma walks ({syntax}):", done)
     assert done >= 400
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.data())
-def test_the_grammar_takes_what_write_writes(data: st.DataObject) -> None:
-    s = data.draw(objects())
-    v = data.draw(values(s))
-    grammar = "start: arguments\n" + G.grammar(s)
-    text = G.write(v, s)
-    assert takes(grammar, text), f"{text!r}\n{grammar}"
+@pytest.mark.parametrize("syntax", ["llguidance", "gbnf"])
+def test_the_grammar_takes_what_write_writes(syntax: str) -> None:
+    @settings(max_examples=300, deadline=None)
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        s = data.draw(objects())
+        v = data.draw(values(s))
+        grammar = _grammar(s, syntax)
+        text = G.write(v, s)
+        assert takes(grammar, text), f"{text!r}\n{grammar}"
+
+    run()
 
 
-def test_the_grammar_refuses_what_the_schema_refuses() -> None:
-    s = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 3}, "n": {"type": "integer"}},
+_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 3}, "n": {"type": "integer"},
+                                          "x": {"type": "number", "minimum": -1.5, "exclusiveMaximum": 10}},
          "required": ["city"], "additionalProperties": False}
-    grammar = "start: arguments\n" + G.grammar(s)
-    assert takes(grammar, '{city:<|"|>Rom<|"|>,n:3}')
-    for bad in ['{city:<|"|>Paris<|"|>}', "{n:3}", '{city:<|"|>a<|"|>,n:1.5}', '{city:<|"|>a<|"|>,m:1}',
-                '{n:3,city:<|"|>a<|"|>}', "{city:Rom}", '{city:<|"|>a<|"|>b<|"|>}']:
+_GOOD = ['{city:<|"|>Rom<|"|>,n:3}', '{city:<|"|><|"|>,n:-0,x:9.99}', '{city:<|"|>a<|"|>,n:3,x:-1.5}',
+         '{city:<|"|>a<|"|>,x:1e-05}', '{city:<|"|>a<|"|>,x:-0.0}', '{city:<|"|>a<|"|>,x:9.999999999999998}']
+_BAD = ['{city:<|"|>Paris<|"|>}', "{n:3}", '{city:<|"|>a<|"|>,n:1.5}', '{city:<|"|>a<|"|>,m:1}',
+        '{n:3,city:<|"|>a<|"|>}', "{city:Rom}", '{city:<|"|>a<|"|>b<|"|>}', '{city:<|"|>a<|"|>,x:10}',
+        '{city:<|"|>a<|"|>,x:10.0}', '{city:<|"|>a<|"|>,x:-1.6}', '{city:<|"|>a<|"|>,x:-2}',
+        '{city:<|"|>a<|"|>,x:1e16}', '{city:<|"|>a<|"|>,x:9.9999999999999999}']
+"""Texts of arguments of :data:`_CITY` the grammar takes, and texts it
+refuses (the quote spelled inside a string, a number just past a bound,
+or one whose float is the bound)."""
+
+
+@pytest.mark.parametrize("syntax", ["llguidance", "gbnf"])
+def test_the_grammar_refuses_what_the_schema_refuses(syntax: str) -> None:
+    grammar = _grammar(_CITY, syntax)
+    for good in _GOOD:
+        assert takes(grammar, good), good
+    for bad in _BAD[:7] if syntax == "llguidance" else _BAD:
         assert not takes(grammar, bad), bad
+
+
+@pytest.mark.engines
+def test_xgrammar_takes_what_write_writes_and_refuses_the_rest() -> None:
+    python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
+    rng = random.Random(7)
+    cases: list[tuple[str, str, bool]] = [(G.grammar(_CITY, "xgrammar", "args"), t, good)
+                                          for good, texts in ((True, _GOOD), (False, _BAD)) for t in texts]
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        s = data.draw(objects())
+        cases.append((G.grammar(s, "xgrammar", "args"), G.write(data.draw(values(s)), s), True))
+
+    draw()
+    assert len(cases) == len(_GOOD) + len(_BAD) + 300
+    rng.shuffle(cases)
+    script = ("import json, sys, xgrammar as x\n"
+              "out = [x.testing._is_grammar_accept_string(x.Grammar.from_ebnf('root ::= args\\n' + g), t)"
+              " for g, t, _ in json.load(sys.stdin)]\n"
+              "json.dump(out, sys.stdout)")
+    run = subprocess.run([python, "-I", "-c", script], input=json.dumps(cases), capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    wrong = [(t, good) for (_, t, good), got in zip(cases, json.loads(run.stdout), strict=True) if got != good]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("syntax", ["gbnf", "xgrammar"])
+def test_a_literal_that_spells_a_token_is_left_out(syntax: str) -> None:
+    # llama.cpp would match the token's text there, and a parse read the token.
+    s = {"type": "object", "properties": {"a": {"enum": ["x<turn|>", "y"]}}, "required": ["a"],
+         "additionalProperties": False}
+    g = G.grammar(s, syntax, "args", tokens={QUOTE: "<[9]>", "<turn|>": "<[8]>"})
+    assert '"y"' in g and "turn" not in g
+    assert "x<turn|>" in G.grammar(s, syntax, "args")
 
 
 def test_grammar_errors_say_what_and_where() -> None:
     with pytest.raises(NoOperation) as e:
-        G.grammar({"type": "object"}, syntax="gbnf")
-    assert "'gbnf'" in str(e.value) and "llguidance" in str(e.value)
+        G.grammar({"type": "object"}, syntax="peg")
+    assert "'peg'" in str(e.value) and "llguidance, gbnf, xgrammar" in str(e.value)
+    with pytest.raises(RequestError) as e1:
+        G.grammar({"type": "object"}, syntax="gbnf", rule="args_t0")
+    assert e1.value.location == "grammar(rule=...)"
     with pytest.raises(RequestError) as e2:
         G.grammar({"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}})
     assert e2.value.location == "parameters.properties.a" and "'pattern'" in e2.value.msg
@@ -337,7 +408,7 @@ def test_grammar_errors_say_what_and_where() -> None:
 def test_found_by_its_entry_point() -> None:
     assert "gemma" in xtml.plugins.value_syntaxes()
     assert isinstance(G, ValueSyntax) and G.name == "gemma"
-    assert G.operations == {"declare", "write", "read", "grammar", "reader"}
+    assert G.operations == {"declare", "write", "read", "grammar", "reader", "jinja"}
     with pytest.raises(xtml.TemplateError) as e:
         load_value_syntax("no-such-syntax")
     assert e.value.location == "entry point xtml.value_syntaxes:no-such-syntax"
@@ -348,7 +419,7 @@ def test_the_core_names_no_value_syntax() -> None:
     imports them, and they import nothing of xtml but the plugin API and the
     errors."""
     root = Path(xtml.plugins.__file__).parent.parent
-    plugins = {"gemma_values", "gemma_read", "typescript"}
+    plugins = {"gemma_values", "gemma_read", "gemma_jinja", "gemma_ebnf", "typescript"}
     for f in root.rglob("*.py"):
         own = f.parent.name == "plugins" and f.stem in plugins
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
@@ -356,7 +427,8 @@ def test_the_core_names_no_value_syntax() -> None:
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or "", *(a.name for a in node.names)]
                 if own and node.level:
-                    assert node.module in ("api", "errors", "gemma_read"), \
+                    assert node.module in ("api", "errors", "gemma_read", "gemma_jinja", "gemma_values",
+                                           "gemma_ebnf"), \
                         f"{f}: from {'.' * node.level}{node.module}"
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

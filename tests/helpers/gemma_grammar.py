@@ -1,5 +1,7 @@
 """The completion grammar of Gemma 4 under test: requests drawn at random,
-random walks under llguidance's matcher, a reader of the answer's contract
+random walks under llguidance's matcher (of its grammar and of the GBNF
+one) and xgrammar's (of its EBNF and structural tag, in the engines venv),
+a reader of the answer's contract
 written apart from the dialect's parse (its arguments read by the value
 syntax's own ``read``), and answers with whether the grammar takes them."""
 
@@ -7,7 +9,11 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import subprocess
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import llguidance
@@ -16,12 +22,24 @@ from hypothesis import strategies as st
 
 import xtml
 from tests.helpers.json_schemas import objects
-from tests.helpers.layout_grammar import BUDGET, GEMMA, MAX_STEPS, bare_request, enders, lltok, numerals, vocab
+from tests.helpers.layout_grammar import (
+    BUDGET,
+    GEMMA,
+    MAX_STEPS,
+    bare_request,
+    enders,
+    lltok,
+    numerals,
+    token_ids,
+    vocab,
+)
 from tests.helpers.layout_walks import Case, violation
+from tests.helpers.mistral_grammar import _bare, _loosened, lark_of
+from tests.helpers.need import need
 from xtml.plugins.values import load_value_syntax
 
-__all__ = ["ANSWERS", "KIND", "NO_CALLS", "TEMPLATE", "answer_texts", "check", "drawn", "gemma_read",
-           "llguidance_walk", "rendered_text"]
+__all__ = ["ANSWERS", "KIND", "NO_CALLS", "TEMPLATE", "answer_texts", "check", "drawn", "gbnf_lark", "gemma_read",
+           "llguidance_walk", "rendered_text", "xgrammar_takes", "xgrammar_walks"]
 
 KIND = GEMMA.name
 TEMPLATE: Any = GEMMA
@@ -30,6 +48,7 @@ STOPS = ("<turn|>", "<|tool_response>")
 _SYNTAX = load_value_syntax("gemma")
 _KEY_ENDS = frozenset(vocab(KIND).ids_of([":"])[0])
 _CLOSERS = frozenset(vocab(KIND).ids_of(["}]"])[0])
+_HELPERS = Path(__file__).parent
 
 
 @st.composite
@@ -71,15 +90,83 @@ def drawn(examples: int) -> list[tuple[Case, int]]:
     return out
 
 
-def llguidance_walk(case: Case, seed: int) -> list[int]:
-    """One completion llguidance's matcher admits under the case's grammar."""
+def gbnf_lark(gbnf: str) -> str:
+    """A GBNF grammar as llguidance's Lark, as :func:`lark_of` converts it,
+    each terminal made of other terminals then a rule: llguidance's lexer
+    takes a terminal's longest match and never gives it back (a pair of
+    the arguments as one terminal would take the comma after it), where
+    GBNF, matched character by character, has no lexer."""
+    lark = lark_of(gbnf)
+    while True:
+        bodies = dict(re.findall(r"(?m)^([A-Z][A-Z0-9_]*)\s*:(.*)$", lark))
+        made = {n for n, b in bodies.items() if re.search(r"\b[A-Z][A-Z0-9_]*\b", _bare(b))}
+        if not made:
+            return lark
+        lark = re.sub(r"\b(" + "|".join(sorted(made)) + r")\b", lambda m: "r_" + m.group().lower(), lark)
+
+
+def llguidance_walk(case: Case, seed: int, fmt: str = "llguidance") -> list[int]:
+    """One completion llguidance's matcher admits under the case's grammar
+    in ``fmt`` (``llguidance``, or ``gbnf`` converted to Lark)."""
     v = vocab(KIND)
-    grammar = TEMPLATE.completion_grammar(case.request, v)
-    m = llguidance.LLMatcher(lltok(KIND), grammar, log_level=0)
+    grammar = TEMPLATE.completion_grammar(case.request, v, format=fmt)
+    m = llguidance.LLMatcher(lltok(KIND), gbnf_lark(grammar) if fmt == "gbnf" else grammar, log_level=0)
     assert not m.is_error(), m.get_error()
     stops = frozenset(i for s in STOPS if (i := v.special_id(s)) is not None)
     keys = sorted({k for s in case.schemas.values() for k in _keys(s)})
     return _walk(m, random.Random(seed), stops, [v.ids_of([k + ":"])[0] for k in keys])
+
+
+def _engines(driver: str, job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` (its tokenizer and the format's ids added) run by ``driver``
+    in the engines venv."""
+    python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
+    v = vocab(KIND)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "tokenizer.json"
+        v.tokenizer.save(str(path))
+        job = {"tokenizer": str(path), "special_ids": sorted(v.special_ids()),
+               "stop_ids": list(TEMPLATE.bind(v).stop_ids), **job}
+        run = subprocess.run([python, "-I", str(_HELPERS / driver)], input=json.dumps(job), capture_output=True,
+                             text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-4000:]
+    answer: dict[str, Any] = json.loads(run.stdout)
+    return answer
+
+
+def _entry(request: dict[str, Any], fmt: str) -> str:
+    g = TEMPLATE.completion_grammar(request, vocab(KIND), format=fmt)
+    return json.dumps({"structural_tag": g} if fmt == "xgrammar-tag" else {"ebnf": g})
+
+
+def xgrammar_walks(batch: list[tuple[Case, int]], fmt: str) -> tuple[str, list[list[int]]]:
+    """One completion xgrammar's matcher admits for each case, under its
+    grammar in ``fmt`` (``xgrammar`` or ``xgrammar-tag``), walked as
+    :func:`llguidance_walk` walks (tests/helpers/gemma_xgrammar_walk_driver.py)."""
+    v = vocab(KIND)
+    grammars: dict[str, int] = {}
+    walks = []
+    for case, seed in batch:
+        keys = sorted({k for s in case.schemas.values() for k in _keys(s)})
+        walks.append({"grammar": grammars.setdefault(_entry(case.request, fmt), len(grammars)), "seed": seed,
+                      "keys": [v.ids_of([k + ":"])[0] for k in keys]})
+    answer = _engines("gemma_xgrammar_walk_driver.py", {
+        "grammars": [json.loads(g) for g in grammars], "walks": walks,
+        "special": sorted(v.special_ids()), "closers": sorted(_CLOSERS), "closing": sorted(enders(KIND) | _KEY_ENDS),
+        "numerals": sorted(numerals(KIND)), "budget": BUDGET, "max_steps": MAX_STEPS})
+    return answer["xgrammar"], answer["walks"]
+
+
+def xgrammar_takes(answers: list[tuple[dict[str, Any], str, bool]], fmt: str) -> tuple[str, list[bool]]:
+    """Whether xgrammar's matcher takes each answer (text with the format's
+    tokens spelled), id by id to its end, under the grammar of its request
+    in ``fmt`` (tests/helpers/xgrammar_driver.py)."""
+    v = vocab(KIND)
+    grammars: dict[str, int] = {}
+    cases = [{"grammar": grammars.setdefault(_entry(bare_request(extra), fmt), len(grammars)),
+              "ids": token_ids(TEMPLATE, v, text)} for extra, text, _ in answers]
+    answer = _engines("xgrammar_driver.py", {"grammars": [json.loads(g) for g in grammars], "cases": cases})
+    return answer["xgrammar"], [r["refused"] is None and r["terminated"] for r in answer["results"]]
 
 
 def _keys(s: Any) -> set[str]:
@@ -202,9 +289,13 @@ def gemma_read(ids: list[int], v: xtml.Vocabulary, tools: Any) -> dict[str, Any]
     return out
 
 
-def check(case: Case, ids: list[int], parse: Callable[[list[int]], dict[str, Any]] | None = None) -> None:
+def check(case: Case, ids: list[int], parse: Callable[[list[int]], dict[str, Any]] | None = None,
+          fmt: str = "llguidance") -> None:
     """The walk ``ids`` reads by the contract (and by ``parse``, the same)
-    to an answer that holds the case's request."""
+    to an answer that holds the case's request. The calls' arguments are
+    held to their schemas in every format (the value syntax writes each);
+    a JSON answer in GBNF and xgrammar's EBNF to its schema without the
+    keywords their headers say they cannot express."""
     v = vocab(KIND)
     tools = case.request.get("tools")
     try:
@@ -219,6 +310,9 @@ def check(case: Case, ids: list[int], parse: Callable[[list[int]], dict[str, Any
             raise AssertionError(f"strict parse: {e}\ncompletion: {v.decode(ids)!r}\n"
                                  f"request: {json.dumps(case.request)}") from None
         assert _message(parsed) == message, (parsed, message, v.decode(ids))
+    if fmt != "llguidance" and "response_format" in case.request:
+        case = Case(case.tpl, {**case.request, "response_format": _loosened(case.request["response_format"])},
+                    case.schemas)
     why = violation(case, message)
     assert why is None, f"{why}\ncompletion: {v.decode(ids)!r}\nrequest: {json.dumps(case.request)}"
 

@@ -74,7 +74,8 @@ def lark_of(gbnf: str) -> str:
     as a rule of its own and comes back as the reference."""
     refs = sorted(set(re.findall(r"<\[(\d+)\]>", gbnf)))
     text = re.sub(r"<\[(\d+)\]>", r"tokref\1", gbnf) + "".join(f'tokref{i} ::= "@"\n' for i in refs)
-    lark = gbnf_to_lark(text)
+    # A definition on one line: the converter breaks long ones before a "|".
+    lark = re.sub(r"\n[ \t]+\|", " |", gbnf_to_lark(text))
     lark = re.sub(r"(?im)^tokref\d+\s*:.*\n", "", lark)
     lark = re.sub(r"(?i)\btokref(\d+)\b", r"<[\1]>", lark)
     # The converter made terminals of rules that hold a reference, which

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import RequestError, shown
@@ -303,8 +303,10 @@ def _merge(a: dict[str, Any], b: Mapping[str, Any], where: str) -> dict[str, Any
 class _Grammar:
     """Lark rules for llguidance of the values a schema admits, as written."""
 
-    def __init__(self, rule: str) -> None:
+    def __init__(self, rule: str, quote: str | None = None) -> None:
         self.rule = rule
+        self.quote = quote
+        """How the delimiter token is referenced (None: it is text)."""
         self.rules: dict[str, str] = {}
         self.terminals: dict[str, str] = {}
         self.count = 0
@@ -324,9 +326,29 @@ class _Grammar:
         return name
 
     def string(self, lo: int = 0, hi: int | None = None) -> str:
+        q = self.quote
+        if q is not None:
+            # The delimiters are tokens, the text between them never spells one.
+            if hi == 0:
+                return f"({q} {q})"
+            inner = self.terminal(f"inner_{max(lo, 1)}_{'' if hi is None else hi}",
+                                  f"/(?s:.{{{max(lo, 1)},{'' if hi is None else hi}}})/ & ~/(?s:.*){_Q}(?s:.*)/")
+            return f"({q} {inner}{'?' if lo == 0 else ''} {q})"
         span = f"{{{lo},{'' if hi is None else hi}}}" if lo or hi is not None else "*"
         return self.terminal(f"str_{lo}_{'' if hi is None else hi}",
                              f"/{_Q}(?s:.{span}){_Q}/ & {_NOT_INSIDE}")
+
+    def literal(self, text: str) -> str:
+        """``text`` as written, its delimiters the token's reference."""
+        if self.quote is None or QUOTE not in text:
+            return _lit(text)
+        parts = text.split(QUOTE)
+        out = [_lit(parts[0])] if parts[0] else []
+        for part in parts[1:]:
+            out.append(self.quote)
+            if part:
+                out.append(_lit(part))
+        return "(" + " ".join(out) + ")"
 
     def any(self) -> str:
         name = f"{self.rule}_any"
@@ -379,7 +401,7 @@ class _Grammar:
                 if not _admits(rest, v):
                     continue
                 try:
-                    lits.append(_lit(_argument(v, where, False)))
+                    lits.append(self.literal(_argument(v, where, False)))
                 except RequestError:
                     continue  # what cannot be written cannot be generated
             return "(" + " | ".join(dict.fromkeys(lits)) + ")" if lits else None
@@ -453,7 +475,7 @@ class _Grammar:
         order: list[tuple[str, str, bool]] = []
         for k, sub in _dictsort(declared):
             try:
-                key = _key(k, f"{where}.properties")
+                key = self.literal(_key(k, f"{where}.properties") + ":")
             except RequestError:
                 if k in required:
                     return None
@@ -463,13 +485,11 @@ class _Grammar:
                 if k in required:
                     return None
                 continue
-            order.append((_lit(key + ":"), self.define("v", v), k in required))
+            order.append((key, self.define("v", v), k in required))
         pair = None
         xv = self.value(extra, f"{where}.additionalProperties")
         if xv is not None:
-            ex = "|".join(re.escape(k) for k in declared).replace("/", "\\/")
-            body = "/[^:,{}\\[\\]<]+/" + (f" & ~/({ex})/" if declared else "")
-            xk = self.terminal(f"xkey{self.count}", body)
+            xk = self.other_key(declared)
             pair = self.define("x", f'{xk} ":" {self.define("xv", xv)}')
         memo: dict[tuple[int, bool], str | None] = {}
 
@@ -507,6 +527,12 @@ class _Grammar:
 
         inner = rest(0, True)
         return '"{" ' + (f"{inner} " if inner else "") + '"}"'
+
+    def other_key(self, declared: Iterable[str]) -> str:
+        """A bare key that is none of ``declared``."""
+        ex = "|".join(re.escape(k) for k in declared).replace("/", "\\/")
+        body = "/[^:,{}\\[\\]<]+/" + (f" & ~/({ex})/" if ex else "")
+        return self.terminal(f"xkey{self.count}", body)
 
     def text(self) -> str:
         lines = [f"{k}: {v}" for k, v in self.rules.items()]
@@ -559,7 +585,7 @@ class GemmaValues(ValueSyntax):
     """Gemma 4's key:value syntax (every operation)."""
 
     name = "gemma"
-    operations = frozenset({"declare", "write", "read", "grammar", "reader"})
+    operations = frozenset({"declare", "write", "read", "grammar", "reader", "jinja"})
     quote = QUOTE
 
     def declare(self, tools: Sequence[Mapping[str, Any]]) -> str:
@@ -579,23 +605,40 @@ class GemmaValues(ValueSyntax):
             raise RequestError(f"arguments text is a string, not {shown(text)}", location="arguments")
         return Parser(text).arguments(schema)
 
+    def jinja_macros(self, prefix: str) -> str:
+        from .gemma_jinja import macros
+
+        return macros(prefix)
+
     def reader(self, schema: Mapping[str, Any] | None = None) -> ValueReader:
         return Reader(schema)
 
-    def grammar(self, schema: Mapping[str, Any], syntax: str = "llguidance", rule: str = "arguments") -> str:
+    def grammar(self, schema: Mapping[str, Any], syntax: str = "llguidance", rule: str = "arguments",
+                tokens: Mapping[str, str] | None = None) -> str:
+        if syntax in ("gbnf", "xgrammar"):
+            from .gemma_ebnf import EbnfGrammar
+
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", rule):
+                raise RequestError(f"{shown(rule)} is not a {syntax} rule name (letters, digits, -)",
+                                   location="grammar(rule=...)")
+            return _written(EbnfGrammar(syntax, rule, (tokens or {}).get(QUOTE), tokens or ()), schema, rule)
         if syntax != "llguidance":
-            raise self.no_grammar(syntax, ("llguidance",))
+            raise self.no_grammar(syntax, ("llguidance", "gbnf", "xgrammar"))
         if not re.fullmatch(r"[a-z][a-z0-9_]*", rule):
             raise RequestError(f"{shown(rule)} is not a Lark rule name (lowercase letters, digits, _)",
                                location="grammar(rule=...)")
-        g = _Grammar(rule)
-        if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
-            raise RequestError("arguments' schema is an object schema", location="parameters")
-        body = g.object(schema, "parameters")
-        if body is None:
-            raise RequestError("no arguments satisfy the schema", location="parameters")
-        g.rules = {rule: body, **g.rules}
-        return g.text()
+        return _written(_Grammar(rule, (tokens or {}).get(QUOTE)), schema, rule)
+
+
+def _written(g: _Grammar, schema: Mapping[str, Any], rule: str) -> str:
+    """The rules ``g`` writes of arguments of ``schema``, rule ``rule`` first."""
+    if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
+        raise RequestError("arguments' schema is an object schema", location="parameters")
+    body = g.object(schema, "parameters")
+    if body is None:
+        raise RequestError("no arguments satisfy the schema", location="parameters")
+    g.rules = {rule: body, **g.rules}
+    return g.text()
 
 
 syntax = GemmaValues()

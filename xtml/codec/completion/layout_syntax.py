@@ -80,7 +80,7 @@ def syntax_arguments(d: LayoutDialect, fmt: str, tools: list[Tool], refs: Mappin
                      notes: list[str]) -> tuple[list[Tool], dict[str, str]]:
     """The tools whose arguments the value syntax writes a grammar of, and
     each one's rules (by tool name, the rule named ``args_t{index}`` of
-    its index among the tools kept), the format's tokens referenced as
+    its index among the tools kept, ``args-t{index}`` in GBNF and EBNF), the format's tokens referenced as
     ``refs`` says (a token absent there is text). A tool whose schema the
     syntax cannot write is left out with a note; a format the syntax writes
     no grammar in is refused by name."""
@@ -99,7 +99,9 @@ def syntax_arguments(d: LayoutDialect, fmt: str, tools: list[Tool], refs: Mappin
             continue
         params = t.params if isinstance(t.params, Mapping) and t.params else {"type": "object"}
         try:
-            text = syntax.grammar(params, SYNTAXES[fmt], f"args_t{len(kept)}", tokens=refs)
+            # GBNF's rule names have no "_": the EBNF writers spell the reference args-tN.
+            rule = f"args_t{len(kept)}" if fmt == "llguidance" else f"args-t{len(kept)}"
+            text = syntax.grammar(params, SYNTAXES[fmt], rule, tokens=refs)
         except NoOperation as e:
             raise OptionError(f"the calls of the layout dialect {d.name!r} are written in the value syntax "
                               f"{d.calls_syntax!r}, which writes no {SYNTAXES[fmt]} grammar ({e.msg}): the {fmt} "
