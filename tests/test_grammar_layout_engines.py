@@ -13,7 +13,8 @@ theirs one id; GLM-4.6 on the answers of tests/test_grammar_glm46.py (its
 calls' key/value pairs in any order); Mistral Small 3.1 on those of
 tests/test_grammar_mistral31.py (its calls one JSON array); Gemma 4 on the answers without calls of
 tests/test_grammar_gemma4.py (its value syntax writes no EBNF: the grammar of an answer that may call a
-tool is refused). The GBNF grammar goes to a real llama-server in
+tool is refused); gpt-oss on those of tests/test_grammar_gptoss.py (its answer as several messages,
+each closed by its own token). The GBNF grammar goes to a real llama-server in
 tests/test_family_smollm2_engine.py."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 
 from tests.helpers.gemma_grammar import NO_CALLS
 from tests.helpers.gemma_grammar import answer_texts as gemma_texts
+from tests.helpers.gptoss_grammar import answer_texts as gptoss_texts
 from tests.helpers.layout_grammar import (
     ANSWERS,
     BARE,
@@ -35,6 +37,7 @@ from tests.helpers.layout_grammar import (
     GEMMA,
     GLM,
     GLM_ANSWERS,
+    GPTOSS,
     KIMI,
     MISTRAL,
     QWEN3,
@@ -97,7 +100,8 @@ def _wrong_stop(text: str) -> bool:
 @pytest.mark.parametrize(("name", "kind"), [("qwen3", "qwen3"), ("qwen3", "chatml"), ("kimi-k2", "kimi-k2"),
                                            ("kimi-k2-thinking", "kimi-k2-thinking"), ("llama-3.1", "llama-3.1"),
                                            ("deepseek-v3.1", "deepseek-v3.1"), ("glm-4.6", "glm-4.6"),
-                                           ("mistral-small-3.1", "mistral-small-3.1"), ("gemma-4", "gemma-4")])
+                                           ("mistral-small-3.1", "mistral-small-3.1"), ("gemma-4", "gemma-4"),
+                                           ("gpt-oss", "gpt-oss")])
 def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, kind: str) -> None:
     answers: Any
     if name in BARE:
@@ -113,6 +117,8 @@ def test_xgrammar_takes_the_rendered_answers_and_refuses_the_others(name: str, k
         tpl, answers = MISTRAL, answer_texts()
     elif name == GEMMA.name:
         tpl, answers = GEMMA, gemma_texts(NO_CALLS)
+    elif name == GPTOSS.name:
+        tpl, answers = GPTOSS, gptoss_texts()
     else:
         tpl, answers = (QWEN3, ANSWERS) if name == "qwen3" else (KIMI[name], kimi_answers())
     version, results = _match(tpl, kind, answers)

@@ -27,6 +27,7 @@ __all__ = [
     "GEMMA",
     "GLM",
     "GLM_ANSWERS",
+    "GPTOSS",
     "KIMI",
     "MAX_STEPS",
     "MISTRAL",
@@ -66,6 +67,10 @@ GEMMA_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "gemma-
 GEMMA: Any = xtml.load(str(GEMMA_FILE))
 """Gemma 4: calls ``<|tool_call>call:NAME{ARGS}<tool_call|>`` with ARGS in
 its key:value syntax, ``<|tool_response>`` after them."""
+GPTOSS_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "gpt-oss.toml"
+GPTOSS: Any = xtml.load(str(GPTOSS_FILE))
+"""gpt-oss (harmony): an answer as several messages, each closed by its own
+token; one call a message."""
 BUDGET = 120
 """Steps a walk takes at random before it prefers ending tokens."""
 MAX_STEPS = 3000
@@ -93,12 +98,14 @@ def vocab(kind: str) -> xtml.Vocabulary:
         return byte_vocabulary(MISTRAL.layout.tokens)
     if kind == GEMMA.name:
         return byte_vocabulary(GEMMA.layout.tokens)
+    if kind == GPTOSS.name:
+        return byte_vocabulary(GPTOSS.layout.tokens)
     return byte_vocabulary(QWEN3.layout.tokens if kind == "qwen3" else SMOLLM2.layout.tokens)
 
 
 STOP = {"llama-3.1": "<|eot_id|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>", "deepseek": "<｜end▁of▁sentence｜>",
         "glm-4.6": "<|endoftext|>", MISTRAL.name: "</s>",
-        GEMMA.name: "<turn|>"}
+        GEMMA.name: "<turn|>", GPTOSS.name: "<|return|>"}
 """The end-of-answer token of a vocabulary kind (ChatML's, but where named)."""
 
 

@@ -221,13 +221,15 @@ def glm_read(ids: list[int], v: xtml.Vocabulary, tools: Any) -> dict[str, Any]:
 
 
 def walk(m: llguidance.LLMatcher, rng: random.Random, kind: str, spelled: tuple[str, ...],
-         stops: frozenset[int]) -> list[int]:
+         stops: frozenset[int], opening: frozenset[int] = frozenset()) -> list[int]:
     """A completion the matcher admits, token by token (as the walk of
     tests/test_grammar_sampling.py goes); past the budget it also prefers
     the tokens that go on spelling a token the vocabulary writes as text
-    (the close of a reasoning block that is text), so that walks end."""
+    (the close of a reasoning block that is text), so that walks end. The
+    ``opening`` tokens (which open a part, as a header's channel opens a
+    message) are not preferred with the ones that end."""
     v = vocab(kind)
-    ending, numeric = enders(kind) | stops, numerals(kind)
+    ending, numeric = (enders(kind) | stops) - opening, numerals(kind)
     ids: list[int] = []
     tail = ""
     for step in range(MAX_STEPS):

@@ -205,9 +205,11 @@ def check(case: Case, ids: list[int], fmt: str,
     assert why is None, f"{why}\ncompletion: {v.decode(ids)!r}\nrequest: {json.dumps(case.request)}"
 
 
-# What the grammars' headers say GBNF and xgrammar's EBNF cannot express.
+# What the grammars' headers say GBNF and xgrammar's EBNF cannot express
+# (their `limit:` lines: array sizes among them).
 _UNHELD = frozenset({"minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-                     "exclusiveMaximum", "multipleOf", "not", "if", "then", "else"})
+                     "exclusiveMaximum", "multipleOf", "not", "if", "then", "else", "minItems", "maxItems",
+                     "uniqueItems"})
 
 
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})

@@ -15,8 +15,9 @@ answer out with text of its own (GLM-4.6: a newline before the reasoning
 block it writes on every answer, before content, before each call), writes
 arguments as key/value pairs (:mod:`.layout_pairs`) or in a value syntax
 of its own (:mod:`.layout_syntax`), writes its calls as one JSON array
-after a token (:mod:`.layout_array`) or has a stop after which the model
-waits for its calls' results, those are in the plan too.
+after a token (:mod:`.layout_array`), writes an answer as several messages
+(:mod:`.layout_messages`) or has a stop after which the model waits for
+its calls' results, those are in the plan too.
 The request holds it to ``tool_choice`` (``auto``, ``none``, ``required``,
 a named function: calls to declared tools only, and with ``required`` or a
 name the answer is its calls), ``parallel_tool_calls`` (false: one call)
@@ -42,6 +43,7 @@ from ...chat.layout_request import read_request
 from ...errors import OptionError, RequestError, TokenizerError
 from ...vocab.tokens import TokenBinding
 from .layout_array import ArrayCalls, array_pattern
+from .layout_messages import Messages, split_messages
 from .layout_pairs import pair_tool, pairs_pattern
 from .layout_syntax import body_block, syntax_arguments, syntax_call_items
 from .plan import FORMATS, MAX_CALLS, deep_schemas_refused
@@ -144,6 +146,9 @@ class LayoutPlan:
     each tool's arguments as its grammar writes them, by tool name."""
     reasoning_label: str = ""
     """The text the reasoning block opens with after its token."""
+    messages: Messages | None = None
+    """Where the format writes an answer as several messages
+    (:mod:`.layout_messages`): what they are made of."""
 
     @property
     def led(self) -> bool:
@@ -175,6 +180,8 @@ def layout_plan(d: LayoutDialect, binding: TokenBinding | None, request: Any, *,
         plan = _plan(d, request, options, max_calls=1 if parallel is False else max_calls,
                      after_reasoning=after_reasoning, fmt=format)
         _bind(plan, binding, token_refs)
+        if d.split is not None:
+            split_messages(plan)
         if plan.tools and d.arguments == SYNTAX:
             # The syntax's grammar references the format's tokens as bound.
             plan.tools, plan.fragments = syntax_arguments(d, format, plan.tools, plan.refs, request, plan.notes)
@@ -329,10 +336,11 @@ def _refuse_unmirrored(d: LayoutDialect) -> None:
         used.append(f"arguments {d.arguments}")
     if d.reasoning_split is not None and d.reasoning_block is not None:
         used.append("reasoning split out of content and in a block of its own")
-    if d.header_turns is None:
+    if d.header_turns is None and d.split is None:
         # A stop that means the model waits for its calls' results ends
         # calls (the others end answers of content); what the other
-        # meanings end is not read.
+        # meanings end is not read. A message written as several closes
+        # each of its own (:mod:`.layout_messages`).
         used += [f"stop {t!r} ({m})" for t, m in d.stops.items() if m not in ("end", "tool_wait")]
     if used:
         raise OptionError(f"the completion grammar is not yet available for the layout dialect {d.name!r} (it "

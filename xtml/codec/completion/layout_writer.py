@@ -28,6 +28,7 @@ from ...chat.layout_pattern import Lit, Slot, Tok
 from ...errors import TokenizerError
 from .gbnf import _ENTITIES, _class_char, _Gbnf
 from .layout_array import ArrayEbnf, ArrayLark
+from .layout_messages import MessagesAnswer
 from .layout_pairs import PairsEbnf, PairsLark
 from .layout_plan import LayoutPlan
 from .layout_syntax import fragment_lines
@@ -81,6 +82,7 @@ class _Layout:
         def object_value(self, schema: Any) -> str: ...
         def pairs(self, i: int, t: Tool, close: str) -> str: ...
         def array_rest(self) -> str: ...
+        def messages_answer(self) -> str: ...
 
     lp: LayoutPlan
 
@@ -116,6 +118,8 @@ class _Layout:
     def structure(self) -> str:
         """The start rule's body; the rules it uses are defined."""
         p = self.lp
+        if p.messages is not None:
+            return self.messages_answer()
         if p.bare:
             return self.bare_answer()
         if p.led:
@@ -423,7 +427,7 @@ def _rx(s: str) -> str:
     return "".join(out)
 
 
-class _LayoutLark(_Layout, PairsLark, ArrayLark, _Lark):
+class _LayoutLark(_Layout, PairsLark, ArrayLark, MessagesAnswer, _Lark):
     layout_load = _Lark.load
 
     def __init__(self, plan: LayoutPlan) -> None:
@@ -520,7 +524,7 @@ class _LayoutLark(_Layout, PairsLark, ArrayLark, _Lark):
         return _Lark.finish(self)
 
 
-class _LayoutGbnf(_Layout, PairsEbnf, ArrayEbnf, _Gbnf):
+class _LayoutGbnf(_Layout, PairsEbnf, ArrayEbnf, MessagesAnswer, _Gbnf):
     layout_load: ClassVar[tuple[str, ...]] = (
         "# Load: llama.cpp's grammar sampler (the /completion field \"grammar\", or --grammar-file).",
             "# GBNF cannot express: string lengths, patterns and formats, number bounds and allOf/not/if in",
@@ -601,8 +605,9 @@ def _tag(plan: LayoutPlan) -> str:
     xgrammar's token-level formats where the vocabulary has the tokens as
     ids, the answer as one EBNF ``grammar`` format (the calls and JSON need
     named rules); everything in that format where some token is text."""
-    # A bare format's stops differ by what the answer is: all in the grammar.
-    token_level = not plan.bare and not plan.opened and not plan.led and (
+    # A bare format's stops differ by what the answer is, and messages close
+    # each their own way: all in the grammar.
+    token_level = not plan.bare and not plan.opened and not plan.led and plan.messages is None and (
         plan.reasoning is None or all(t in plan.token_ids for t in plan.reasoning))
     w = _LayoutEbnf(plan)
     parts: list[dict[str, Any]] = []
