@@ -33,7 +33,7 @@ from .layout_call_array import lexed_text
 from .layout_parse import Lexed, _made, _Repairs, first_of
 from .layout_split import ENDS
 
-__all__ = ["JOIN", "Harmony", "HarmonyLive", "harmony", "parse_completion_harmony", "read_header",
+__all__ = ["JOIN", "Harmony", "authored", "harmony", "parse_completion_harmony", "read_header",
            "reasoning_length_harmony"]
 
 JOIN = "\n\n"
@@ -252,7 +252,7 @@ def parse_completion_harmony(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> d
                 if nxt < 0:
                     break
                 pos = at = nxt
-            if not _authored(h, s, pos + 1):
+            if not authored(h, s, pos + 1):
                 r.add("stray-message", pos, "a message of another author: it and what follows are not read")
                 break
             pos += 1 + len(h.author)
@@ -328,7 +328,7 @@ def parse_completion_harmony(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> d
     return message
 
 
-def _authored(h: Harmony, s: str, pos: int) -> bool:
+def authored(h: Harmony, s: str, pos: int) -> bool:
     """Whether the header at ``pos`` starts with the assistant's author."""
     k = pos + len(h.author)
     return s.startswith(h.author, pos) and s[k:k + 1] in ("", " ", h.channel, h.message)
@@ -375,82 +375,3 @@ def reasoning_length_harmony(d: LayoutDialect, lx: Lexed, count: int) -> int:
             break
         pos = t + 1
     return end
-
-
-class HarmonyLive:
-    """What :class:`~xtml.codec.layout.LayoutStream` asks of a live reader
-    (``text``, ``token``, ``finish``, ``state``), reading messages as
-    :func:`parse_completion_harmony` does: the text of a reasoning message
-    on the think channel, of a final one or a preamble on the response
-    channel, as it comes; headers and calls are read whole."""
-
-    __slots__ = ("body", "h", "head", "open", "seen", "state")
-
-    def __init__(self, d: LayoutDialect) -> None:
-        self.h = harmony(d)
-        self.state = "header"  # header, author, body, between, done
-        self.head: list[str] = []
-        self.body = ""  # the channel the body's text goes to ("" when it is not sent)
-        self.open = ""  # the stream channel open now
-        self.seen: set[str] = set()  # channels that have had a text (the next one is joined)
-
-    def _switch(self, channel: str, at: int, out: list[Any]) -> None:
-        from ..codec.stream import StreamEvent
-
-        if self.open == channel:
-            return
-        if self.open:
-            out.append(StreamEvent("channel_end", at, self.open))
-        if channel:
-            out.append(StreamEvent("channel_start", at, channel))
-        self.open = channel
-
-    def text(self, s: str, at: int, out: list[Any]) -> None:
-        from ..codec.stream import StreamEvent
-
-        if self.state in ("header", "author"):
-            self.head.append(s)
-        elif self.state == "body" and self.body and s:
-            out.append(StreamEvent("text", at, self.body, s))
-
-    def token(self, c: str, at: int, out: list[Any]) -> None:
-        from ..codec.stream import StreamEvent
-
-        h = self.h
-        if self.state == "done":
-            return
-        if self.state == "author":
-            head = "".join(self.head)
-            if not _authored(h, head + c, 0):
-                self.state = "done"  # another author: not read
-                return
-            self.head = [head[len(h.author):]]
-            self.state = "header"
-        if self.state == "header":
-            if c == h.message:
-                kind = read_header(h, "".join(self.head)).kind
-                self.head = []
-                self.state = "body"
-                self.body = "think" if kind == "reasoning" else "response" if kind == "content" else ""
-                if self.body:
-                    self._switch(self.body, at, out)
-                    if self.body in self.seen:
-                        out.append(StreamEvent("text", at, self.body, JOIN))
-                    self.seen.add(self.body)
-            elif c == h.start or c in h.closes:
-                self.head = []
-                self.state = "author" if c == h.start else "between"
-            else:
-                self.head.append(c)
-            return
-        if self.state == "body":
-            if c == h.start:
-                self.state, self.head = "author", []
-            elif c in h.closes:
-                self.state = "between"
-            return
-        if c == h.start:  # between messages
-            self.state, self.head = "author", []
-
-    def finish(self, at: int, out: list[Any], message: Any = None) -> None:
-        self._switch("", at, out)

@@ -20,7 +20,7 @@ from ..chat.layout import LayoutDialect
 from ..chat.layout_call_array import array_shape
 from ..chat.layout_engine import parse_completion, parse_prompt
 from ..chat.layout_fold_answer import fold_shape
-from ..chat.layout_harmony import HarmonyLive, reasoning_length_harmony
+from ..chat.layout_harmony import reasoning_length_harmony
 from ..chat.layout_open import open_shape
 from ..chat.layout_parse import Lexed, first_of, shape
 from ..chat.layout_pattern import TOKEN_BASE, Slot
@@ -28,6 +28,7 @@ from ..errors import ParseError, shown
 from ..vocab.tokens import TokenBinding, locate, tokens_bound
 from ..vocab.vocabulary import Vocabulary
 from .layout_fold_stream import FoldLive
+from .layout_harmony_stream import HarmonyLive
 from .layout_turns import TurnsLive
 from .stream import StreamEvent, StreamState
 
