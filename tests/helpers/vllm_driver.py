@@ -260,9 +260,11 @@ def _grammar(parser_cls: Any, tok: Any, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stream(p: Any, tok: Any, ids: list[int], sizes: list[int], request: Any,
-            prompt: list[int]) -> tuple[dict[str, Any], list[int]]:
+            prompt: list[int], stop: Any = ()) -> tuple[dict[str, Any], list[int]]:
     """The deltas of ``ids`` fed ``sizes`` at a time (cycling), joined, and
-    the indexes of the calls as they were announced."""
+    the indexes of the calls as they were announced. A last id in ``stop``
+    adds no text to its delta, as vLLM's detokenizer leaves a stop token's
+    text out."""
     got: dict[str, Any] = {"reasoning": "", "content": "", "tool_calls": {}}
     seen: list[int] = []
     pos = 0
@@ -271,7 +273,8 @@ def _stream(p: Any, tok: Any, ids: list[int], sizes: list[int], request: Any,
             break
         delta = ids[pos:pos + size]
         pos += len(delta)
-        d = p.parse_delta(tok.decode(delta, skip_special_tokens=False), delta, request, prompt_token_ids=prompt,
+        shown = delta[:-1] if pos >= len(ids) and delta[-1] in stop else delta
+        d = p.parse_delta(tok.decode(shown, skip_special_tokens=False), delta, request, prompt_token_ids=prompt,
                           finished=pos >= len(ids))
         if d is None:
             continue

@@ -4,16 +4,24 @@ family's tokenizer (the dialect's tokens added to a byte-level BPE),
 generated answers (the last assistant turn of seeded requests, as the
 dialect renders it), hostile ones (marker text and tokens in arguments,
 cuts inside a call or the reasoning, text around calls, unknown tools,
-malformed JSON) with what the model meant, and the count of what a parser
-lost against it."""
+malformed JSON, a JSON array of calls left unclosed; for harmony the
+headers models write slightly malformed) with what the model meant, and the
+count of what a parser lost against it. gpt-oss's answers are ids of the
+o200k vocabulary with harmony's tokens at their ids, as openai-harmony (which
+vLLM reads them with) has them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import xtml
@@ -24,6 +32,20 @@ from tests.helpers.vllm import as_json, parsed_message
 from xtml.template import LayoutTemplate
 
 N_GENERATED = 24
+MISTRAL = "mistral-small-3.1"
+GEMMA = "gemma-4"
+GPTOSS = "gpt-oss"
+_HELD = Path(__file__).resolve().parent.parent / "data" / "families"
+# Where xtml.load finds a family's dialect when it is not built in: its
+# file, also what XTML_TEMPLATE names to vLLM.
+SOURCES = {name: str(_HELD / f"{name}.toml") for name in (MISTRAL, GEMMA, GPTOSS)
+           if (_HELD / f"{name}.toml").is_file()}
+# harmony's tokens at openai-harmony's ids in the o200k vocabulary; the
+# other ids from the first past o200k's ranks up to the last are reserved.
+HARMONY_SPECIAL = {199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>",
+                   200003: "<|constrain|>", 200005: "<|channel|>", 200006: "<|start|>", 200007: "<|end|>",
+                   200008: "<|message|>", 200012: "<|call|>", 200018: "<|endofprompt|>"}
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 
 
 @dataclass(frozen=True)
@@ -46,7 +68,24 @@ class Family:
     bare: bool = False
     """A call is the whole answer, with no marker around it (Llama 3.1's
     JSON): a call between text is text (the JSON an answer shows, say)."""
+    array: bool = False
+    """The calls are one JSON array after the marker (Mistral's): the
+    hostile answers add text then calls, and the array left unclosed."""
     options: dict[str, Any] = field(default_factory=dict)
+    typed: bool = False
+    """Arguments are read against the request's tools (Gemma's values are
+    untyped text): a generated answer's request carries its tools."""
+    objects: bool = False
+    """Generated requests hand the template a call's JSON-text arguments as
+    the object they spell, as vLLM's chat path does before the template
+    (where the format writes a string otherwise than the object: Gemma's
+    ``{S}``, harmony's JSON string)."""
+    between: str = "\n"
+    """What a reader that loses nothing shows between text written before
+    a call and text written after it (the hostile "text, a call, text")."""
+    harmony: bool = False
+    """vLLM reads the family with openai-harmony (its server chooses the
+    HarmonyParser for a gpt-oss model), on o200k ids."""
 
     @property
     def pair(self) -> list[str | None]:
@@ -72,6 +111,40 @@ def _glm_call(name: str, args: str, k: int) -> str:
     return f"\n<tool_call>{name}\n{pairs}</tool_call>"
 
 
+def _mistral_call(name: str, args: str, k: int) -> str:
+    """A Mistral Small 3.1 call: an object of the array, with the id of nine
+    characters the template writes."""
+    return f'{", " if k else ""}{{"name": "{name}", "arguments": {args}, "id": "call{k:05d}"}}'
+
+
+def _gemma_value(v: Any) -> str:
+    if isinstance(v, str):
+        return f'<|"|>{v}<|"|>'
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_gemma_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(map(_gemma_value, v)) + "]"
+    return json.dumps(v)
+
+
+def _gemma_call(name: str, args: str, k: int) -> str:
+    """A Gemma 4 call, its arguments in Gemma's key:value syntax; arguments
+    that are no JSON object are written with their string never closed
+    (a bare word would read as text against a string parameter)."""
+    try:
+        value = json.loads(args)
+    except ValueError:
+        value = None
+    body = _gemma_value(value) if isinstance(value, dict) else args.replace(": ", ':<|"|>')
+    return f"<|tool_call>call:{name}{body}<tool_call|>"
+
+
+def _harmony_call(name: str, args: str, k: int) -> str:
+    """A gpt-oss call as the template writes it (after the prompt's
+    ``<|start|>assistant``: its header starts right away)."""
+    return f" to=functions.{name}<|channel|>commentary json<|message|>{args}<|call|>"
+
+
 FAMILIES = [
     Family("llama-3.1", "llama3_json+None", lambda n, a, k: f'{{"name": "{n}", "parameters": {a}}}', "%s",
            "<|eot_id|>", "<|python_tag|>", bare=True),
@@ -86,6 +159,18 @@ FAMILIES = [
            think=("<think>", "</think>")),
     Family("glm-4.6", "glm45+glm45", _glm_call, "%s", "<|user|>", "</arg_value>", think=("\n<think>", "</think>"),
            options={"enable_thinking": True}),
+    # The template reads the clock: a date keeps the prompt the same.
+    Family(MISTRAL, "mistral+None", _mistral_call, "[TOOL_CALLS] [%s]", "</s>", "[TOOL_CALLS]",
+           array=True, options={"date": "2025-03-17"}),
+    # With thinking on the model opens its reasoning block itself.
+    # Content is the text outside the calls, joined: both newlines stay.
+    Family(GEMMA, "gemma4+gemma4", _gemma_call, "%s", "<turn|>", "<tool_call|>",
+           think=("<|channel>thought\n", "<channel|>"), options={"enable_thinking": True}, typed=True,
+           objects=True, between="\n\n"),
+    # A call ends the answer (<|call|> is a stop): harmony's hostile answers
+    # are its own (_harmony_hostile).
+    Family(GPTOSS, "openai+openai_gptoss", _harmony_call, "%s", "<|return|>", "<|call|>",
+           options={"date": "2025-03-17"}, harmony=True, objects=True),
 ]
 # Qwen3 beside vLLM's hermes and qwen3 parsers: tests/test_vllm_layout.py
 # holds it on answers of its own; the bench reads it as it reads the others.
@@ -96,19 +181,59 @@ QWEN3 = Family("qwen3", "hermes+qwen3",
 BY_NAME = {f.name: f for f in [*FAMILIES, QWEN3]}
 
 
+def source(name: str) -> str:
+    """What ``xtml.load`` (and ``XTML_TEMPLATE``) takes for family ``name``."""
+    return SOURCES.get(name, name)
+
+
 def tpl(name: str) -> LayoutTemplate:
-    t = xtml.load(name)
+    t = xtml.load(source(name))
     assert isinstance(t, LayoutTemplate)
     return t
+
+
+def o200k_dir() -> Path:
+    """The folder holding o200k_base.tiktoken (``XTML_O200K_DIR``; tests/run
+    sets it up): the ranks of gpt-oss's vocabulary, which openai-harmony
+    reads through ``TIKTOKEN_ENCODINGS_BASE`` (it would download them)."""
+    folder = os.environ.get("XTML_O200K_DIR")
+    path = Path(folder or ".") / "o200k_base.tiktoken"
+    if not folder or not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != O200K_SHA256:
+        raise FileNotFoundError(f"no o200k_base.tiktoken of sha256 {O200K_SHA256} in XTML_O200K_DIR={folder}")
+    return Path(folder)
+
+
+@cache
+def _o200k() -> Any:
+    """o200k as a Hugging Face tokenizer: tiktoken's ranks and split pattern
+    (tiktoken reads the ranks from a cache folder it is given)."""
+    import tiktoken
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = o200k_dir() / "o200k_base.tiktoken"
+    url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+    cached = Path(tempfile.mkdtemp(prefix="xtml-tiktoken-"))
+    shutil.copy(ranks, cached / hashlib.sha1(url.encode()).hexdigest())
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cached)
+    pattern = tiktoken.get_encoding("o200k_base")._pat_str
+    return TikTokenConverter(vocab_file=str(ranks), pattern=pattern).converted()  # type: ignore[no-untyped-call]
 
 
 @cache
 def tokenizer_json(name: str) -> str:
     """A byte-level BPE vocabulary with the dialect's tokens as its model's
     tokenizer has them: the special ones special, the added ones added (one
-    id each, not special)."""
+    id each, not special). gpt-oss's is o200k with harmony's tokens at
+    their ids (what openai-harmony decodes)."""
     from tokenizers import AddedToken, Tokenizer
 
+    if BY_NAME[name].harmony:
+        tok = Tokenizer.from_str(_o200k().to_str())
+        assert tok.get_vocab_size() == min(HARMONY_SPECIAL)
+        tok.add_special_tokens([AddedToken(HARMONY_SPECIAL.get(i, f"<|reserved_{i}|>"), special=True,
+                                           normalized=False) for i in range(min(HARMONY_SPECIAL), 200019)])
+        assert all(tok.token_to_id(t) == i for i, t in HARMONY_SPECIAL.items())
+        return str(tok.to_str())
     d = tpl(name).layout
     tok = Tokenizer.from_file(deepseek_path())
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in d.special])
@@ -124,9 +249,13 @@ def vocab(name: str) -> xtml.Vocabulary:
 
 
 @cache
-def plain() -> xtml.Vocabulary:
+def plain(name: str = "") -> xtml.Vocabulary:
     """The same ids without any format's tokens: what a model spelling a
     marker with ordinary tokens writes."""
+    if name and BY_NAME[name].harmony:
+        from tokenizers import Tokenizer
+
+        return xtml.Vocabulary(Tokenizer.from_str(_o200k().to_str()))
     return xtml.load_tokenizer(deepseek_path())
 
 
@@ -135,11 +264,11 @@ def ids(name: str, text: str) -> list[int]:
     return tpl(name).completion_ids(text, vocab(name))
 
 
-def spelled(text: str) -> list[int]:
+def spelled(text: str, name: str = "") -> list[int]:
     """Text in ordinary ids only, a marker string included: a character at
     a time, as the base vocabulary holds some formats' markers (DeepSeek's)
     as tokens of its own."""
-    return [i for ch in text for i in plain().ids_of([ch])[0]]
+    return [i for ch in text for i in plain(name).ids_of([ch])[0]]
 
 
 def stops(name: str) -> list[int]:
@@ -149,10 +278,29 @@ def stops(name: str) -> list[int]:
 Case = dict[str, Any]
 
 
+def _as_object(call: Any) -> Any:
+    """A call whose arguments are JSON text of an object, with the object."""
+    args = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+    try:
+        value = json.loads(args) if isinstance(args, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        return call
+    return {**call, "function": {**call["function"], "arguments": value}}
+
+
+def _objects(case: dict[str, Any]) -> dict[str, Any]:
+    msgs = [{**m, "tool_calls": [_as_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in case["request"]["messages"]]
+    return {**case, "request": {**case["request"], "messages": msgs}}
+
+
 def _requests(name: str) -> list[dict[str, Any]]:
     """Seeded requests of the family, with their template options."""
     if name != QWEN3.name:
-        return family_requests(name, n=120)
+        found = family_requests(name, n=120)
+        return [_objects(c) for c in found] if BY_NAME[name].objects else found
     return [{"request": {k: v for k, v in req.items() if k != "enable_thinking"},
              "options": {"enable_thinking": req.get("enable_thinking", True)}}
             for req in chatml_requests(5, 480, roles=("system", "user", "assistant", "tool"), thinking=True)]
@@ -186,7 +334,8 @@ def generated(name: str) -> list[Case]:
         if whole[:len(prompt)] != prompt or not end.intersection(whole[len(prompt):]):
             continue  # the last message changes how the history is written
         last = max(k for k, i in enumerate(whole) if i in end)
-        found.append({"prompt": prompt, "completion": whole[len(prompt):last + 1], "kwargs": dict(opts)})
+        found.append({"prompt": prompt, "completion": whole[len(prompt):last + 1], "kwargs": dict(opts),
+                      **({"tools": req["tools"]} if BY_NAME[name].typed and req.get("tools") else {})})
     # The few that hold reasoning first, then as many with calls as without.
     thought = [c for c in found if expected(name, c)["reasoning"]][:N_GENERATED // 4]
     rest = [c for c in found if c not in thought]
@@ -212,6 +361,8 @@ def hostile(name: str) -> list[tuple[str, Case, dict[str, Any]]]:
     f, t, v = BY_NAME[name], tpl(name), vocab(name)
     prompt = t.encode({"messages": [{"role": "user", "content": "Weather?"}], "add_generation_prompt": True,
                        **f.options}, v)
+    if f.harmony:
+        return _harmony_hostile(name, prompt)
 
     def case(completion: list[int]) -> Case:
         return {"prompt": prompt, "completion": completion, "kwargs": dict(f.options)}
@@ -230,18 +381,19 @@ def hostile(name: str) -> list[tuple[str, Case, dict[str, Any]]]:
     head, tail = (opened + calls(("get_weather", '{"city": "a @@ b"}')) + f.end).split("@@")
     cut = opened + "Let me check." + good[:good.index("Paris") + 2]
     out = [
-        ("marker text in arguments (ordinary ids)", case([*ids(name, head), *spelled(f.marker), *ids(name, tail)]),
+        ("marker text in arguments (ordinary ids)",
+         case([*ids(name, head), *spelled(f.marker, name), *ids(name, tail)]),
          say(calls=[["get_weather", marker_args]])),
         ("marker token in arguments", case(ids(name, head + f.marker + tail)),
          say(calls=[["get_weather", marker_args]])),
         ("a marker in the content (ordinary ids)",
-         case([*ids(name, opened + "I could use "), *spelled(f.marker), *ids(name, " here." + f.end)]),
+         case([*ids(name, opened + "I could use "), *spelled(f.marker, name), *ids(name, " here." + f.end)]),
          say(f"I could use {f.marker} here.")),
         ("truncation inside a call", case(ids(name, cut)), say("Let me check.")),
         ("a call, then text", case(ids(name, opened + good + "\nIt is sunny there." + f.end)),
          say("It is sunny there.", [PARIS])),
         ("text, a call, text", case(ids(name, opened + "Checking.\n" + good + "\nDone." + f.end)),
-         say(f"Checking.\n{good}\nDone.") if f.bare else say("Checking.\nDone.", [PARIS])),
+         say(f"Checking.\n{good}\nDone.") if f.bare else say(f"Checking.{f.between}Done.", [PARIS])),
         ("an unknown tool", case(ids(name, opened + calls(("launch", '{"n": 1}')) + f.end)),
          say(calls=[["launch", {"n": 1}]])),
         ("malformed JSON", case(ids(name, opened + calls(("get_weather", "{city: Paris}")) + f.end)), say()),
@@ -252,11 +404,20 @@ def hostile(name: str) -> list[tuple[str, Case, dict[str, Any]]]:
                                                     ("get_weather", '{"city": "Oslo"}')) + f.end)),
          say(calls=[PARIS, ["get_weather", {"city": "Oslo"}]])),
     ]
+    if f.array:
+        unclosed = good[:good.rindex("]")]
+        out += [
+            ("text, then a call", case(ids(name, "Checking." + good + f.end)), say("Checking.", [PARIS])),
+            ("the array left unclosed", case(ids(name, unclosed + f.end)), say(calls=[PARIS])),
+            ("two calls, the array left unclosed",
+             case(ids(name, calls(("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Oslo"}'))[:-1]
+                      + f.end)), say(calls=[PARIS, ["get_weather", {"city": "Oslo"}]])),
+        ]
     if f.think is not None:
         start, close = f.think
         out += [
             ("a marker in the reasoning (ordinary ids)",
-             case([*ids(name, start + "I could use "), *spelled(close),
+             case([*ids(name, start + "I could use "), *spelled(close, name),
                    *ids(name, f" here{close}It is sunny.{f.end}")]),
              meant("It is sunny.", reasoning=f"I could use {close} here")),
             ("truncation inside the reasoning", case(ids(name, start + "First, the city")),
@@ -265,9 +426,77 @@ def hostile(name: str) -> list[tuple[str, Case, dict[str, Any]]]:
     return out
 
 
+def _harmony_hostile(name: str, prompt: list[int]) -> list[tuple[str, Case, dict[str, Any]]]:
+    """gpt-oss's hostile answers: a call ends an answer (``<|call|>`` is a
+    stop), so each holds one; each opens with a short analysis message, as
+    gpt-oss answers do; and the headers models write slightly malformed."""
+    start, analysis = "<|start|>assistant", "<|channel|>analysis<|message|>Hmm.<|end|>"
+    weather = "get_weather"
+
+    def case(completion: list[int]) -> Case:
+        return {"prompt": prompt, "completion": completion, "kwargs": dict(BY_NAME[name].options)}
+
+    def say(content: str = "", calls: list[Any] | tuple[Any, ...] = ()) -> dict[str, Any]:
+        return meant(content, calls, "Hmm.")
+
+    def called(header: str, args: str = '{"city": "Paris"}') -> Case:
+        return case(ids(name, f"{analysis}{start}{header}<|message|>{args}<|call|>"))
+
+    canonical = f" to=functions.{weather}<|channel|>commentary json"
+    head = f'{analysis}{start}{canonical}<|message|>{{"city": "a '
+    marker_args = {"city": "a <|call|> b"}
+    return [
+        ("marker text in arguments (ordinary ids)",
+         case([*ids(name, head), *spelled("<|call|>", name), *ids(name, ' b"}<|call|>')]),
+         say(calls=[[weather, marker_args]])),
+        ("marker token in arguments", case(ids(name, head + '<|call|> b"}<|call|>')),
+         say(calls=[[weather, marker_args]])),
+        ("a marker in the content (ordinary ids)",
+         case([*ids(name, f"{analysis}{start}<|channel|>final<|message|>I could use "),
+               *spelled("<|return|>", name), *ids(name, " here.<|return|>")]),
+         say("I could use <|return|> here.")),
+        ("truncation inside a call",
+         case(ids(name, f'{analysis}{start}<|channel|>commentary<|message|>Let me check.<|end|>{start}{canonical}'
+                        '<|message|>{"city": "Pa')), say("Let me check.")),
+        ("a call after a preamble",
+         case(ids(name, f'{analysis}{start}<|channel|>commentary<|message|>Checking.<|end|>{start}{canonical}'
+                        '<|message|>{"city": "Paris"}<|call|>')), say("Checking.", [PARIS])),
+        ("a call after final text",
+         case(ids(name, f'{analysis}{start}<|channel|>final<|message|>Checking.<|end|>{start}{canonical}'
+                        '<|message|>{"city": "Paris"}<|call|>')), say("Checking.", [PARIS])),
+        ("an unknown tool", called(" to=functions.launch<|channel|>commentary json", '{"n": 1}'),
+         say(calls=[["launch", {"n": 1}]])),
+        ("malformed JSON", called(canonical, "{city: Paris}"), say()),
+        ("arguments that are no object", called(canonical, '["Paris"]'), say()),
+        ("the recipient after the channel",
+         called(f"<|channel|>commentary to=functions.{weather} <|constrain|>json"), say(calls=[PARIS])),
+        ("the recipient after the channel, no <|constrain|>",
+         called(f"<|channel|>commentary to=functions.{weather} json"), say(calls=[PARIS])),
+        ("<|constrain|> with no type", called(f" to=functions.{weather}<|channel|>commentary <|constrain|>"),
+         say(calls=[PARIS])),
+        ("a call's channel without a type", called(f" to=functions.{weather}<|channel|>commentary"),
+         say(calls=[PARIS])),
+        ("a message with no channel", case(ids(name, f"{analysis}{start}<|message|>It is sunny.<|return|>")),
+         say("It is sunny.")),
+        ("a marker in the reasoning (ordinary ids)",
+         case([*ids(name, "<|channel|>analysis<|message|>I could use "), *spelled("<|end|>", name),
+               *ids(name, f" here<|end|>{start}<|channel|>final<|message|>It is sunny.<|return|>")]),
+         meant("It is sunny.", reasoning="I could use <|end|> here")),
+        ("truncation inside the reasoning", case(ids(name, "<|channel|>analysis<|message|>First, the city")),
+         meant(reasoning="First, the city")),
+    ]
+
 
 def expected(name: str, case: Case) -> dict[str, Any]:
-    return parsed_message(tpl(name), vocab(name), case["completion"], True)
+    """``Template.parse``'s message of a case's ids, its arguments read
+    against the request's tools where the case has them."""
+    if "tools" not in case:
+        return parsed_message(tpl(name), vocab(name), case["completion"], True)
+    msg = tpl(name).parse(case["completion"], vocab(name), completion=True, lenient=True, thinking=True,
+                          tools=case["tools"])
+    return {"reasoning": msg.get("reasoning_content") or "", "content": msg.get("content") or "",
+            "tool_calls": [[c["function"]["name"], as_json(c["function"]["arguments"])]
+                           for c in msg.get("tool_calls") or ()]}
 
 
 def shaped(got: dict[str, Any]) -> dict[str, Any]:

@@ -6,16 +6,21 @@ Run as tests/helpers/vllm_layout_driver.py is. Reads one JSON job on stdin,
 writes one JSON answer:
 
     job:    {"dist": folder of xtml's .dist-info,
-             "families": [{"template": name, "tokenizer": path of a tokenizer.json,
+             "families": [{"template": name, "source": what XTML_TEMPLATE names (optional: the name),
+                           "tokenizer": path of a tokenizer.json,
                            "stop": [the ids that stop generation],
                            "pairs": [[tool parser name, reasoning parser name or null], ...],
-                           "cases": as tests/helpers/vllm_layout_driver.py reads them}, ...]}
+                           "harmony": vLLM's own pair is composed as for a harmony model (optional),
+                           "cases": as tests/helpers/vllm_layout_driver.py reads them, each with
+                                    "tools" (optional: the request's, else get_weather's)}, ...]}
     answer: {"vllm": version, "registered": {"tool": [...], "reasoning": [...]},
              "families": {name: {"classes": {pair: [tool class, reasoning class]},
                                  "templates": {pair: the template xtml's parsers read},
                                  "results": {pair: [row, ...]}}}}
 
-A row is what tests/helpers/vllm_layout_driver.py writes for a case.
+A row is what tests/helpers/vllm_layout_driver.py writes for a case, its
+streams' last delta without the stop token's text, as vLLM's server (its
+detokenizer) leaves it out.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
-    os.environ["XTML_TEMPLATE"] = job["families"][0]["template"]
+    os.environ["XTML_TEMPLATE"] = job["families"][0].get("source", job["families"][0]["template"])
     load_general_plugins()
     from xtml.vllm import plugin
 
@@ -53,16 +58,19 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
     for fam in job["families"]:
         # The plugin reads XTML_TEMPLATE once a process; each family here
         # is read as a process started with it would read it.
-        os.environ["XTML_TEMPLATE"] = fam["template"]
+        os.environ["XTML_TEMPLATE"] = fam.get("source", fam["template"])
         plugin.template.cache_clear()
         tok = PreTrainedTokenizerFast(tokenizer_file=fam["tokenizer"])
         got: dict[str, Any] = {"classes": {}, "templates": {}, "results": {}}
         for tool_name, reasoning_name in fam["pairs"]:
             key = f"{tool_name}+{reasoning_name}"
+            # vLLM's server composes HarmonyParser for a gpt-oss model
+            # whatever parsers are named; xtml's plugin is named as for any.
+            harmony = bool(fam.get("harmony")) and tool_name != "xtml"
             cls = ParserManager.get_parser(tool_parser_name=tool_name, reasoning_parser_name=reasoning_name,
-                                           enable_auto_tools=True, tokenizer=tok)
-            got["results"][key] = [_case(cls, tok, ChatCompletionRequest, tools, case, fam["stop"])
-                                   for case in fam["cases"]]
+                                           enable_auto_tools=True, tokenizer=tok, is_harmony=harmony)
+            got["results"][key] = [_case(cls, tok, ChatCompletionRequest, case.get("tools", tools), case,
+                                         fam["stop"], stop_text=False) for case in fam["cases"]]
             try:
                 probe = cls(tok, None, chat_template_kwargs={}, model_config=None)
                 got["classes"][key] = [type(getattr(probe, "_tool_parser", None)).__name__,

@@ -79,8 +79,11 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _case(cls: Any, tok: Any, request_cls: Any, tools: list[Any], case: dict[str, Any],
-          stop: list[int]) -> dict[str, Any]:
+          stop: list[int], stop_text: bool = True) -> dict[str, Any]:
+    """One case through a parser pair; without ``stop_text`` a stream's
+    last delta leaves the stop token's text out, as vLLM's server does."""
     kwargs = case["kwargs"]
+    quiet = () if stop_text else stop
     prompt, ids = case["prompt"], case["completion"]
 
     def request(with_tools: bool) -> Any:
@@ -116,10 +119,10 @@ def _case(cls: Any, tok: Any, request_cls: Any, tools: list[Any], case: dict[str
         row["streams"], row["stream_reports"] = [], []
         for sizes in case["groupings"]:
             before = len(REPORTS)
-            got, _ = _stream(parser(req), tok, ids, sizes, req, prompt)
+            got, _ = _stream(parser(req), tok, ids, sizes, req, prompt, quiet)
             row["streams"].append(got)
             row["stream_reports"].append(len(REPORTS) - before)
-        row["plain_stream"], _ = _stream(parser(plain), tok, ids, [3], plain, prompt)
+        row["plain_stream"], _ = _stream(parser(plain), tok, ids, [3], plain, prompt, quiet)
     except Exception as e:  # a parser that raises is a result too
         row["error"] = f"{type(e).__name__}: {e}"[:300]
     return row
