@@ -19,12 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import MessageError, RequestError
+from ..lru import Lru
 from ..plugins.values import load_value_syntax
 from .layout import HISTORY, LayoutDialect
 from .layout_pattern import Builder, Pattern, Value
 from .layout_request import Dropped, Msg
 
-__all__ = ["declared_by_syntax", "fold"]
+__all__ = ["declaration", "declared_by_syntax", "fold"]
 
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
@@ -39,7 +40,7 @@ def declared_by_syntax(d: LayoutDialect, tools: list[Any], dropped: list[Dropped
         if at is not None:
             raise RequestError(f"a tool's text spells one of the {d.name} format's tokens, which its declaration "
                                "writes as tokens", location=f"tools[{i}]{at}")
-    text = load_value_syntax(d.tools_syntax).declare(tools)
+    text = declaration(d, tools)
     if d.tools_keywords:
         for i, t in enumerate(tools):
             fn = t.get("function") if isinstance(t, Mapping) else None
@@ -51,6 +52,68 @@ def declared_by_syntax(d: LayoutDialect, tools: list[Any], dropped: list[Dropped
                         dropped.append(Dropped(-1, "tools", f"tools[{i}]: the declaration does not write {k!r} of "
                                                             f"the parameter {name!r}"))
     return _lexed(finder, text)
+
+
+def declaration(d: LayoutDialect, tools: Sequence[Any]) -> str:
+    """What the dialect's value syntax declares ``tools`` as. A declaration
+    is a function of the tools' content, and a client sends the same tools
+    with every request, which render both writes and reads back: each
+    declaration made is kept by that content, exactly (a value of a type
+    other than JSON's is declared each time)."""
+    syntax = load_value_syntax(d.tools_syntax)
+    content = _content(tools)
+    if content is None:
+        return syntax.declare(tools)
+    key = (d.tools_syntax, content)
+    text = _declared.get(key)
+    if text is None:
+        text = syntax.declare(tools)
+        if len(text) <= _DECLARED_TEXT:
+            _declared.put(key, text)
+    return text
+
+
+_declared: Lru[tuple[str, tuple[Any, ...]], str] = Lru(32)
+_DECLARED_TEXT = 65_536
+"""The longest declaration kept: the cache holds the few tool sets clients
+send, not one request's of any size."""
+
+
+def _content(value: Any) -> tuple[Any, ...] | None:
+    """A key equal for two values only if they are alike in every type and
+    every character (a float by its repr: ``-0.0`` is not ``0.0``); None
+    for a value holding another type than JSON's (or a subclass), a key
+    that is not a string, or more text than a kept declaration (what the
+    declaration leaves out of a schema is in the key too)."""
+    out: list[Any] = []
+    stack = [value]
+    size = 0
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is str:
+            out += (t, v)
+            size += len(v)
+        elif t is int or t is bool or v is None:
+            out += (t, v)
+        elif t is float:
+            out += (t, repr(v))
+        elif t is dict:
+            out += (t, len(v))
+            for k, x in v.items():
+                if type(k) is not str:
+                    return None
+                out.append(k)
+                size += len(k)
+                stack.append(x)
+        elif t is list or t is tuple:
+            out += (t, len(v))
+            stack.extend(v)
+        else:
+            return None
+        if size > _DECLARED_TEXT:
+            return None
+    return tuple(out)
 
 
 def fold(d: LayoutDialect, msgs: Sequence[Msg], resolved: Mapping[str, Any], conds: Mapping[str, bool],

@@ -185,17 +185,8 @@ def read_arguments(d: LayoutDialect, f: Fold, lexed: str, schema: Any,
     reads it: (the object, -1, "") or (None, where in ``lexed`` it goes
     wrong, why). Each of the syntax's tokens is its string; text that
     spells one is not it."""
-    pieces: list[str] = []
-    where: list[int] = []
-    for k, c in enumerate(lexed):
-        if c in f.quotes:
-            t = d.tokens[ord(c) - TOKEN_BASE]
-            pieces.append(t)
-            where += [k] * len(t)
-        else:
-            pieces.append(c)
-            where.append(k)
-    text = "".join(pieces)
+    spelled = {ord(q): d.tokens[ord(q) - TOKEN_BASE] for q in f.quotes}
+    text = lexed.translate(spelled)
     for q in f.quotes:
         t = d.tokens[ord(q) - TOKEN_BASE]
         at = lexed.find(t)
@@ -205,12 +196,43 @@ def read_arguments(d: LayoutDialect, f: Fold, lexed: str, schema: Any,
         return (syntax or f.syntax).read(text, schema), -1, ""
     except ParseError as e:
         at = e.offset if isinstance(e.offset, int) else 0
-        return None, where[at] if at < len(where) else len(lexed), e.msg
+        return None, _lexed_at(lexed, spelled, at), e.msg
     except RequestError as e:
         return None, 0, e.msg
     except RecursionError:
         # Nested past the reader's depth: refused, never a crash of the parse.
         return None, 0, "values nested too deeply to read"
+
+
+def _lexed_at(lexed: str, spelled: Mapping[int, str], at: int) -> int:
+    """Where in ``lexed`` the character ``at`` of its translation by
+    ``spelled`` comes from (each of a token's characters is the token's),
+    found from the tokens alone: a prompt's string arguments are each tried
+    as the syntax's first, so a failed reading is common, not rare."""
+    size = len(lexed) + sum((len(t) - 1) * lexed.count(chr(q)) for q, t in spelled.items())
+    if at < 0:
+        at += size
+    if not 0 <= at < size:
+        return len(lexed)
+    marks = sorted(k for q in spelled for k in _positions(lexed, chr(q)))
+    shift = 0  # the translation's extra characters before the mark at hand
+    for k in marks:
+        if at < k + shift:
+            break
+        width = len(spelled[ord(lexed[k])])
+        if at < k + shift + width:
+            return k
+        shift += width - 1
+    return at - shift
+
+
+def _positions(s: str, c: str) -> list[int]:
+    out: list[int] = []
+    k = s.find(c)
+    while k >= 0:
+        out.append(k)
+        k = s.find(c, k + 1)
+    return out
 
 
 def _arguments_text(obj: Mapping[str, Any]) -> str:

@@ -23,12 +23,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import MessageError, OptionError, ParseError, RequestError
+from ..lru import Lru
 from ..plugins.values import load_value_syntax
 from .layout import HISTORY, LayoutDialect
-from .layout_fold import _results, _syntax_arguments, _text
+from .layout_fold import _results, _syntax_arguments, _text, declaration
 from .layout_fold_answer import Fold, fold_reader, read_arguments
 from .layout_parse import Lexed
-from .layout_pattern import TOKEN_BASE, Builder
+from .layout_pattern import Builder
 from .layout_request import Dropped, Msg, read_request
 
 __all__ = ["fold_drops", "normal_form_fold", "parse_prompt_fold"]
@@ -36,10 +37,6 @@ __all__ = ["fold_drops", "normal_form_fold", "parse_prompt_fold"]
 
 _TOKEN = re.compile("[\ud800-\udfff]")
 """A token's character in a lexed string."""
-
-
-def _is_token(c: str) -> bool:
-    return TOKEN_BASE <= ord(c) < TOKEN_BASE + 0x800
 
 
 def _next_token(s: str, pos: int) -> int:
@@ -67,15 +64,36 @@ def _declarations(d: LayoutDialect, f: Fold, s: str, pos: int, lx: Lexed | None)
         if end < 0:
             raise _fail("a tool declaration that is not closed", pos, lx)
         text = s[start:end]
+        hit = _read.get((id(d), text))
+        if hit is not None and hit[0] is d:
+            out.append(json.loads(hit[1]))
+            pos = end + len(after)
+            continue
         k = text.find(body_open)
         if k < 0:
             raise _fail("a tool declaration without its body", start, lx)
         obj, bad, why = read_arguments(d, f, text[k:], None, syntax)
         if obj is None:
             raise _fail(f"a tool declaration that does not read: {why}", start + k + max(bad, 0), lx)
-        out.append({"type": "function", "function": {"name": text[:k], **obj}})
+        tool = {"type": "function", "function": {"name": text[:k], **obj}}
+        out.append(tool)
+        if len(text) <= _READ_TEXT:
+            kept = json.dumps(tool, ensure_ascii=False)
+            if json.loads(kept) == tool:  # NaN is not itself: such a tool is read each time
+                _read.put((id(d), text), (d, kept))
         pos = end + len(after)
     return out, pos
+
+
+_read: Lru[tuple[int, str], tuple[LayoutDialect, str]] = Lru(128)
+"""A tool declaration's text → the tool it reads as (JSON text: each
+reading hands out its own copy), per dialect. A client sends the same tools
+with every request, and reading them back is most of what a render reads
+back and of what a prompt's parse reads."""
+
+_READ_TEXT = 16_384
+"""The longest declaration kept: the cache holds the tools clients send,
+not one of any size."""
 
 
 def _fail(msg: str, at: int, lx: Lexed | None) -> ParseError:
@@ -87,7 +105,7 @@ def _normal_tools(d: LayoutDialect, f: Fold, tools: Any) -> list[Any]:
     if not d.tools_syntax:
         return []
     try:
-        text = _lexed(d, load_value_syntax(d.tools_syntax).declare(tools))
+        text = _lexed(d, declaration(d, tools))
         read, end = _declarations(d, f, text, 0, None)
         if end != len(text):
             raise ParseError("a tool declaration that does not read whole", offset=end)
@@ -214,7 +232,7 @@ def _answer(d: LayoutDialect, f: Fold, lx: Lexed, pos: int) -> tuple[dict[str, A
         if end < 0:
             raise _fail("a call that is not closed", pos, lx)
         inner = s[start:end]
-        bad = next((k for k, c in enumerate(inner) if _is_token(c) and c not in f.quotes), -1)
+        bad = next((m.start() for m in _TOKEN.finditer(inner) if m.group() not in f.quotes), -1)
         if bad >= 0:
             raise _fail("a token that does not belong in a call", start + bad, lx)
         k = inner.find(f.args_open)

@@ -21,6 +21,7 @@ from ..lru import Lru
 from ..plugins.values import load_value_syntax
 from .layout import HISTORY, LayoutDialect
 from .layout_call_array import lexed_text
+from .layout_fold import declaration
 from .layout_harmony import Harmony, call_of, harmony
 from .layout_parse import Lexed, _made
 from .layout_pattern import ANY_TEXT, options_of, slot_codec
@@ -288,7 +289,7 @@ def _call(name: str, args: str) -> dict[str, Any]:
 def _tools_read(d: LayoutDialect, tools: Sequence[Any]) -> list[Any]:
     """The tools as their declaration reads back."""
     try:
-        return read_declaration(d, load_value_syntax(d.tools_syntax).declare(tools))
+        return read_declaration(d, declaration(d, tools))
     except ParseError as e:
         raise OptionError(f"the tools' declaration does not read back: {e.msg}", option="tools") from None
 
