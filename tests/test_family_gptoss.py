@@ -30,10 +30,10 @@ from tests.helpers.family_cases import (
     reference_template,
     refused_edit,
     texts_match,
+    validates,
 )
 from tests.helpers.family_requests import hf_render
 from tests.helpers.kimi_families import REASONING_KEYS, Case
-from tests.helpers.render_only import export_refuses, validates
 from xtml.errors import MessageError
 from xtml.plugins.values import load_value_syntax
 
@@ -315,10 +315,6 @@ def test_what_the_namespace_does_not_write_is_reported(tpl: xtml.Template, templ
     case["request"]["tools"] = []
     r = tpl.render(case["request"], **case["options"])
     assert r.text == hf_render(NAME, template, case) and "developer" not in r.text and r.dropped == ()
-
-
-def test_the_jinja_export_refuses_it(tpl: xtml.Template) -> None:
-    export_refuses(tpl)
 
 
 def test_validate_accepts_the_file() -> None:

@@ -28,9 +28,9 @@ from tests.helpers.family_cases import (
     names_its_reference,
     refused_edit,
     texts_match,
+    validates,
 )
 from tests.helpers.kimi_families import REASONING_KEYS, Case
-from tests.helpers.render_only import validates
 from xtml.errors import MessageError
 
 NAME = "mistral-small-3.1"

@@ -347,27 +347,35 @@ def test_training_trains_each_answer_and_its_close(tpl: xtml.Template, cases: li
 def test_reading_costs_grow_linearly(tpl: xtml.Template) -> None:
     """An answer of many messages, and a prompt whose system message and
     options spell the system turn's own text again and again: at 4x the
-    size, at most 8x the time (the best of five, same run)."""
-    import time
+    size, the calls made (Python functions and C functions alike, counted
+    by a profile hook, not timed) grow 4x, no more."""
+    import sys
 
     v = vocabulary(tpl)
 
-    def best(f: Any) -> float:
-        out = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            f()
-            out = min(out, time.perf_counter() - t)
-        return out
+    def calls(f: Any) -> int:
+        n = 0
 
-    def costs(n: int) -> tuple[float, float]:
+        def count(frame: Any, event: str, arg: Any) -> None:
+            nonlocal n
+            if event in ("call", "c_call"):
+                n += 1
+
+        sys.setprofile(count)
+        try:
+            f()
+        finally:
+            sys.setprofile(None)
+        return n
+
+    def costs(n: int) -> tuple[int, int]:
         text = "<|channel|>analysis<|message|>x y<|end|><|start|>assistant" * n
         text += "<|channel|>final<|message|>z<|return|>"
         ids = tpl.completion_ids(text, v)
         lit = "\nKnowledge cutoff: 2024-06\nCurrent date: 1\n\nReasoning: 2\n\n## browser\n\n" * n
         prompt = tpl.encode({"messages": [{"role": "system", "content": lit}, {"role": "user", "content": lit}]}, v,
                             model_identity=lit, date="d")
-        return best(lambda: tpl.parse(ids, v, completion=True)), best(lambda: tpl.parse(prompt, v))
+        return calls(lambda: tpl.parse(ids, v, completion=True)), calls(lambda: tpl.parse(prompt, v))
 
     small, large = costs(300), costs(1200)
-    assert large[0] < 8 * small[0] and large[1] < 8 * small[1], (small, large)
+    assert large[0] <= 4.2 * small[0] and large[1] <= 4.2 * small[1], (small, large)
