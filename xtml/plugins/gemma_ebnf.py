@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import RequestError, shown
 from .gemma_read import KEY_ENDS, QUOTE
-from .gemma_values import _BOUNDS, _Grammar, _holds
+from .gemma_write import BOUNDS, LarkGrammar, holds
 
 __all__ = ["EbnfGrammar"]
 
@@ -135,7 +135,7 @@ def _float_at(b: int | float, up: bool, strict: bool) -> float | None:
     return f if math.isfinite(f) else None
 
 
-class EbnfGrammar(_Grammar):
+class EbnfGrammar(LarkGrammar):
     """The rules of one tool's arguments in ``syntax`` (``gbnf`` or
     ``xgrammar``): rule names of letters, digits and ``-``, definitions
     ``NAME ::= BODY``; ``quote`` the delimiter token's reference, ``tokens``
@@ -261,7 +261,7 @@ class EbnfGrammar(_Grammar):
         return self.terminal("number", f"{_FREE_INTEGER} | {_FREE_FRACTION} | {_FREE_EXPONENT}")
 
     def number(self, jt: str, s: Mapping[str, Any], where: str) -> str | None:  # type: ignore[override]
-        b = {k: s[k] for k in _BOUNDS if k in s}
+        b = {k: s[k] for k in BOUNDS if k in s}
         for k, v in b.items():
             if type(v) not in (int, float) or not math.isfinite(v):
                 raise RequestError(f"{k} is a finite number, not {shown(v)}", location=f"{where}.{k}")
@@ -284,7 +284,7 @@ class EbnfGrammar(_Grammar):
                              False)
         if jt == "number":
             alts += self.fractions(b)
-            alts += [form for form, lo, hi in _EXPONENT_FORMS if _holds(b, lo, hi)]
+            alts += [form for form, lo, hi in _EXPONENT_FORMS if holds(b, lo, hi)]
         if not alts:
             return None
         return self.terminal(f"num{len(self.terminals)}", " | ".join(f"({a})" for a in alts))
