@@ -1,5 +1,5 @@
 """The Jinja and Hugging Face exports of the Gemma 4 layout dialect
-(tests/data/families/gemma-4.toml), rendered by transformers,
+(xtml/dialects/gemma-4.toml), rendered by transformers,
 ``@huggingface/jinja`` and llama.cpp's server: xtml's text, or a raise with
 xtml's message where xtml refuses. What the format asks of the exporter
 beyond the other dialects: tools declared and an object's arguments written
@@ -31,7 +31,7 @@ from xtml.exports.jinja import jinja_template
 
 pytestmark = pytest.mark.engines
 
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gemma-4.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gemma-4.toml"
 """The dialect file (loaded by path here only)."""
 
 N = 90

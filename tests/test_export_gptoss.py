@@ -1,5 +1,5 @@
 """The Jinja and Hugging Face exports of the gpt-oss layout dialect
-(tests/data/families/gpt-oss.toml), rendered by transformers,
+(xtml/dialects/gpt-oss.toml), rendered by transformers,
 ``@huggingface/jinja`` and llama.cpp's server: xtml's text, or a raise with
 xtml's message where xtml refuses. What the format asks of the exporter
 beyond the other dialects: one message written as several (an answer's
@@ -36,7 +36,7 @@ from xtml.exports.jinja import jinja_template
 
 pytestmark = pytest.mark.engines
 
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gpt-oss.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gpt-oss.toml"
 """The dialect file (loaded by path here only)."""
 
 N = 120

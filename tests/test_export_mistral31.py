@@ -1,5 +1,5 @@
 """The Jinja and Hugging Face exports of the Mistral Small 3.1 layout dialect
-(tests/data/families/mistral-small-3.1.toml), rendered by transformers,
+(xtml/dialects/mistral-small-3.1.toml), rendered by transformers,
 ``@huggingface/jinja`` and llama.cpp's server: xtml's text, or a raise with
 xtml's message where xtml refuses. What the format asks of the exporter
 beyond the other dialects: a system turn of its own, always written, with
@@ -33,7 +33,7 @@ from xtml.exports.jinja import jinja_template
 
 pytestmark = pytest.mark.engines
 
-FILE = Path(__file__).resolve().parent / "data" / "families" / "mistral-small-3.1.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "mistral-small-3.1.toml"
 """The dialect file (loaded by path here only)."""
 
 N = 90

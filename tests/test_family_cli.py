@@ -39,7 +39,8 @@ def test_templates_lists_the_layout_builtins_with_their_files() -> None:
     code, out, _ = run(["templates"])
     assert code == 0
     layout = builtin_files(layout=True)
-    assert set(layout) == {"smollm2", "qwen3", "llama-3.1", "kimi-k2", "kimi-k2-thinking", "deepseek-v3.1", "glm-4.6"}
+    assert set(layout) == {"smollm2", "qwen3", "llama-3.1", "kimi-k2", "kimi-k2-thinking", "deepseek-v3.1", "glm-4.6",
+                          "mistral-small-3.1", "gemma-4", "gpt-oss"}
     for name, path in layout.items():
         assert f"{name} (layout dialect)\n" in out
         assert path.is_file() and f"  {path}\n" in out

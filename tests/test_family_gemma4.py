@@ -4,7 +4,7 @@ transformers at test time): byte-equal text wherever the official template
 renders, a located refusal wherever it raises or prints a Python repr, and
 every field it leaves out reported.
 
-The file (tests/data/families/gemma-4.toml) uses what the layout language
+The file (xtml/dialects/gemma-4.toml) uses what the layout language
 says for it: a system turn written only when it has something to hold, tool
 declarations and call arguments written by the ``gemma`` value syntax (an
 ``xtml.value_syntaxes`` entry point the core never names), tool results
@@ -35,7 +35,7 @@ from tests.helpers.kimi_families import REASONING_KEYS, Case
 from xtml.errors import MessageError, RequestError
 
 NAME = "gemma-4"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gemma-4.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gemma-4.toml"
 # The keywords of a parameter's schema the declaration writes.
 WRITTEN = ("description", "type", "enum", "items", "nullable", "properties", "required")
 Q = '<|"|>'

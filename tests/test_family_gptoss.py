@@ -4,7 +4,7 @@ by transformers at test time with the clock pinned to each case's
 ``date``): byte-equal text wherever the template renders, a located refusal
 wherever it raises, and every field it leaves out reported.
 
-The file (tests/data/families/gpt-oss.toml) uses what the layout language
+The file (xtml/dialects/gpt-oss.toml) uses what the layout language
 says for a format that writes one message as several: an answer as its
 reasoning on the analysis channel, then its first call or its final text
 (closed by ``<|return|>`` where it ends the render), the content beside a
@@ -38,7 +38,7 @@ from xtml.errors import MessageError
 from xtml.plugins.values import load_value_syntax
 
 NAME = "gpt-oss"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gpt-oss.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gpt-oss.toml"
 TAGS = ("<|channel|>analysis<|message|>", "<|channel|>final<|message|>")
 _SYSTEM = ("<|start|>system<|message|>{identity}\nKnowledge cutoff: 2024-06\nCurrent date: {day}\n\nReasoning: {effort}"
            "\n\n{tools}# Valid channels: analysis, commentary, final. Channel must be included for every message.")

@@ -7,7 +7,7 @@ are committed with their requests (tests/data/families/mistral-small-3.1.jsonl).
 Byte-equal text on each render, a refusal at the template's message and
 field on each raise, and every field it leaves out reported.
 
-The file (tests/data/families/mistral-small-3.1.toml) uses what the layout
+The file (xtml/dialects/mistral-small-3.1.toml) uses what the layout
 language says for it: a system turn of its own with a text option read from
 the clock, tools declared before the last user message key by key, call ids
 cut to their last nine characters, the content beside calls left out, a
@@ -34,7 +34,7 @@ from tests.helpers.kimi_families import REASONING_KEYS, Case
 from xtml.errors import MessageError
 
 NAME = "mistral-small-3.1"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "mistral-small-3.1.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "mistral-small-3.1.toml"
 TAIL = 9
 
 _DEFAULT = ("You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French startup "

@@ -26,7 +26,7 @@ from xtml.chat.layout_fold_answer import fold_reader, read_arguments
 from xtml.plugins.gemma_values import GemmaValues
 from xtml.template import LayoutTemplate
 
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gemma-4.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gemma-4.toml"
 Q = '<|"|>'
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {

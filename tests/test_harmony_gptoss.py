@@ -27,7 +27,7 @@ import pytest
 import xtml
 from xtml.vocab.tiktoken import TiktokenVocabulary, load_tiktoken
 
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gpt-oss.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gpt-oss.toml"
 DRIVER = Path(__file__).resolve().parent / "helpers" / "harmony_driver.py"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 SPECIAL = {199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>", 200003: "<|constrain|>",

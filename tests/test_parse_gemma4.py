@@ -24,7 +24,7 @@ from xtml.errors import RequestError
 from xtml.plugins.values import load_value_syntax
 
 NAME = "gemma-4"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gemma-4.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gemma-4.toml"
 FAMILIES = Path(__file__).resolve().parent / "data" / "families"
 Q = '<|"|>'
 END, WAIT = "<turn|>", "<|tool_response>"
@@ -55,9 +55,9 @@ def test_every_reader_reads_it_and_the_others_stay_refused(tpl: xtml.Template) -
     ids = tpl.completion_ids("<|channel>thought\nhm\n<channel|>a<turn|>", v)
     assert tpl.reasoning_tokens(ids, v) == ids.index(tpl.completion_ids("<channel|>", v)[0]) + 1
     # Another kind of format (one message written as several): not this reader's.
-    gpt = xtml.load(str(FAMILIES / "gpt-oss.toml")).layout  # type: ignore[attr-defined]
+    gpt = xtml.load("gpt-oss").layout  # type: ignore[attr-defined]
     assert not gpt.folded_turns
-    mistral = xtml.load(str(FAMILIES / "mistral-small-3.1.toml")).layout  # type: ignore[attr-defined]
+    mistral = xtml.load("mistral-small-3.1").layout  # type: ignore[attr-defined]
     assert mistral.render_only == () and not mistral.folded_turns
 
 

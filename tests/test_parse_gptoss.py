@@ -24,7 +24,7 @@ from tests.helpers.kimi_families import Case, check_every_grouping, check_parse,
 from xtml.errors import RequestError
 
 NAME = "gpt-oss"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gpt-oss.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gpt-oss.toml"
 
 tpl, cases = dialect_fixtures(NAME, FILE)
 

@@ -28,8 +28,7 @@ from tests.helpers.kimi_families import (
 )
 
 NAME = "mistral-small-3.1"
-FILE = Path(__file__).resolve().parent / "data" / "families" / "mistral-small-3.1.toml"
-FAMILIES = FILE.parent
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "mistral-small-3.1.toml"
 
 tpl, cases = dialect_fixtures(NAME, FILE)
 
@@ -51,9 +50,9 @@ def test_every_reader_reads_it_and_the_others_stay_refused(tpl: xtml.Template) -
     ask = {"messages": [{"role": "user", "content": "q"}], "date": "2025-02-03"}
     assert tpl.parse(tpl.encode(ask, v), v) == tpl.normalize(ask)
     assert tpl.reasoning_tokens(tpl.completion_ids("a</s>", v), v) == 0
-    for other in ("gpt-oss",):
+    for other in ("gpt-oss", "gemma-4"):
         # Read by a reader of its own kind, not this one.
-        layout = xtml.load(str(FAMILIES / f"{other}.toml")).layout  # type: ignore[attr-defined]
+        layout = xtml.load(other).layout  # type: ignore[attr-defined]
         assert layout.render_only == () and not layout.system_turns
 
 

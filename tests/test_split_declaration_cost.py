@@ -17,7 +17,7 @@ from xtml.plugins import typescript
 from xtml.plugins.typescript import TypeScriptNamespace
 from xtml.template import LayoutTemplate
 
-FILE = Path(__file__).resolve().parent / "data" / "families" / "gpt-oss.toml"
+FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gpt-oss.toml"
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "description": "Where."},

@@ -412,7 +412,8 @@ def test_templates_json() -> None:
                                                         ("smollm2", "layout"), ("qwen3", "layout"),
                                                         ("llama-3.1", "layout"), ("deepseek-v3.1", "layout"),
                                                         ("kimi-k2", "layout"), ("kimi-k2-thinking", "layout"),
-                                                        ("glm-4.6", "layout")]
+                                                        ("glm-4.6", "layout"), ("mistral-small-3.1", "layout"),
+                                                        ("gemma-4", "layout"), ("gpt-oss", "layout")]
     assert rows[0]["aliases"] == ["k3"] and all(Path(r["path"]).is_file() for r in rows)
 
 

@@ -59,15 +59,15 @@ results) and DeepSeek V3.1 (reasoning the prompt opens, string arguments)."""
 GLM: Any = xtml.load("glm-4.6")
 """GLM-4.6: calls of key/value pairs, a reasoning block the model opens
 after a newline, content after one, ``<|observation|>`` after calls."""
-MISTRAL_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "mistral-small-3.1.toml"
+MISTRAL_FILE = Path(xtml.__file__).resolve().parent / "dialects" / "mistral-small-3.1.toml"
 MISTRAL: Any = xtml.load(str(MISTRAL_FILE))
 """Mistral Small 3.1: calls as one JSON array after ``[TOOL_CALLS]``, no
 token closing a call."""
-GEMMA_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "gemma-4.toml"
+GEMMA_FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gemma-4.toml"
 GEMMA: Any = xtml.load(str(GEMMA_FILE))
 """Gemma 4: calls ``<|tool_call>call:NAME{ARGS}<tool_call|>`` with ARGS in
 its key:value syntax, ``<|tool_response>`` after them."""
-GPTOSS_FILE = Path(__file__).resolve().parents[1] / "data" / "families" / "gpt-oss.toml"
+GPTOSS_FILE = Path(xtml.__file__).resolve().parent / "dialects" / "gpt-oss.toml"
 GPTOSS: Any = xtml.load(str(GPTOSS_FILE))
 """gpt-oss (harmony): an answer as several messages, each closed by its own
 token; one call a message."""

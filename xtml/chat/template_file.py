@@ -590,7 +590,8 @@ BUILTIN = {"kimi-k3": "kimi-k3.toml", "k3": "kimi-k3.toml", "xtml-base": "xtml-b
 """The built-in XTML dialects."""
 LAYOUT_BUILTIN = {"smollm2": "smollm2.toml", "qwen3": "qwen3.toml", "llama-3.1": "llama-3.1.toml",
                   "deepseek-v3.1": "deepseek-v3.1.toml", "kimi-k2": "kimi-k2.toml",
-                  "kimi-k2-thinking": "kimi-k2-thinking.toml", "glm-4.6": "glm-4.6.toml"}
+                  "kimi-k2-thinking": "kimi-k2-thinking.toml", "glm-4.6": "glm-4.6.toml",
+                  "mistral-small-3.1": "mistral-small-3.1.toml", "gemma-4": "gemma-4.toml", "gpt-oss": "gpt-oss.toml"}
 """The built-in layout dialects (other model families' formats): loaded by
 name as the XTML ones are, listed apart while the edges that walk every
 built-in (the playground, the adversarial strategies) read XTML only."""
