@@ -67,14 +67,16 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def arguments_as_objects(t: Any, body: dict[str, Any]) -> dict[str, Any]:
     """The body with each call's arguments text read as the JSON object it
-    holds, for a format whose template writes arguments through ``tojson``.
+    holds, for a format whose template writes arguments through ``tojson``
+    or a value syntax (Gemma's key:value one).
 
     Clients send arguments as JSON text (the OpenAI shape); engines read it
     as JSON before the chat template sees it (vLLM's chat_utils does, for
     every model), so such a template writes the object the model wrote, not
-    a JSON string of it. Text that is no JSON object, or one with a key
-    given twice (an object would lose one), stays text."""
-    if getattr(getattr(t, "layout", None), "arguments", None) != "tojson":
+    a JSON string of it (a value syntax writes a string in braces, as
+    given). Text that is no JSON object, or one with a key given twice (an
+    object would lose one), stays text."""
+    if getattr(getattr(t, "layout", None), "arguments", None) not in ("tojson", "syntax"):
         return body
     msgs = body.get("messages")
     if not isinstance(msgs, list):

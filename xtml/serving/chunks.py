@@ -64,6 +64,13 @@ def chunk(base: Mapping[str, Any], delta: dict[str, Any], finish: str | None = N
 def _value(raw: str, typ: str) -> str:
     """A typed argument's JSON, as the parser reads it: its text parsed as
     its type, or the text as a string when it is not one."""
+    if typ == "json":
+        # A reader that reads a value by a syntax of its own (Gemma's) hands
+        # over the value it read, as JSON: its type is the value's.
+        try:
+            return jsonfmt.value(jsonfmt.loads(raw))
+        except ValueError:  # not JSON, or not standard JSON
+            return encode_basestring(raw)
     want = _TYPES.get(typ)
     if want is not None:
         try:
