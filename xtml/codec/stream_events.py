@@ -34,7 +34,9 @@ class StreamEvent:
     key: str | None = None
     """For argument events: the argument name (None for a json block)."""
     value_type: str | None = None
-    """For ``argument_start``: the declared type (``json`` for a json block)."""
+    """For ``argument_start``: the declared type; ``json`` for a json block,
+    or for an argument whose deltas are the JSON of the value read (a value
+    syntax's reader hands each value over read)."""
     call: dict[str, Any] | None = None
     """For ``tool_call_end``: the whole call, as in ``tool_calls``."""
     message: dict[str, Any] | None = None
