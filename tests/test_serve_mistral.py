@@ -167,7 +167,7 @@ def test_a_call_without_an_id_gets_the_gateways_own(gateways: dict[str, Gateway]
                                f'"{own[-9:]}"}}[/TOOL_RESULTS]')
 
 
-def test_only_a_tojson_format_reads_arguments_text_and_only_as_one_whole_object() -> None:
+def test_arguments_text_is_read_as_one_whole_object_only_where_the_format_writes_objects() -> None:
     """Text that is no JSON object, or an object with a key given twice (a
     dict would lose one), stays text; a format that writes arguments as
     given keeps the text the client sent."""
