@@ -2,7 +2,7 @@
 the silent losses of each on the generated and hostile answers the vLLM
 column is counted on (bench/bench_vllm_families.py, --losses).
 
-    .venv/bin/python bench/bench_llamacpp_families.py                 # every answer of the six families
+    .venv/bin/python bench/bench_llamacpp_families.py                 # every answer of the eight families
     .venv/bin/python bench/bench_llamacpp_families.py --quick         # 3 generated + 3 hostile a family
     .venv/bin/python bench/bench_llamacpp_families.py --only kimi-k2,qwen3
 
@@ -12,14 +12,18 @@ templates of llama.cpp's sdist (``XTML_LLAMA_TEMPLATES``). One server a
 family, on the loopback address, runs with ``--jinja --chat-template-file``
 and the family's official template: ``Qwen-Qwen3-0.6B.jinja``,
 ``meta-llama-Llama-3.1-8B-Instruct.jinja``, ``moonshotai-Kimi-K2.jinja``,
-and, for DeepSeek V3.1 and Kimi K2 Thinking, whose reference templates are
-not in the sdist, its later copies ``deepseek-ai-DeepSeek-V3.1.jinja`` and
-``Kimi-K2-Thinking.jinja`` (what matters here is which parser llama.cpp
-builds for the template; the log names it).
+``GLM-4.6.jinja``, ``google-gemma-4-31B-it.jinja``,
+``openai-gpt-oss-120b.jinja``, and, for DeepSeek V3.1 and Kimi K2 Thinking,
+whose reference templates are not in the sdist, its later copies
+``deepseek-ai-DeepSeek-V3.1.jinja`` and ``Kimi-K2-Thinking.jinja`` (what
+matters here is which parser llama.cpp builds for the template; the log
+names it). Mistral Small 3.1 is left out: its official template is not in
+the sdist, and llama.cpp picks its parser by the template's source, so no
+other text stands in for it.
 
 The answers are tests/helpers/vllm_families.py's: per family up to 24
 generated ones (the last assistant turn of seeded requests as the dialect
-renders it; what was meant is ``Template.parse`` of their ids) and 10-12
+renders it; what was meant is ``Template.parse`` of their ids) and 10-16
 hostile ones (marker text in arguments, content and reasoning, cuts inside
 a call or the reasoning, text around calls, an unknown tool, malformed
 JSON, each with what the model meant). Each is sent to
@@ -34,14 +38,22 @@ generation prompt followed by the generated text, and the continued message
 makes it the generation prompt followed by the answer's text, which
 ``/apply-template`` checks per answer. For Kimi K2, llama.cpp writes
 ``<think></think>`` before a continued message (its parser reads K2 and K2
-Thinking alike), which its reasoning rule reads as empty reasoning; the
-table says where text was put in between.
+Thinking alike), which its reasoning rule reads as empty reasoning, and for
+Gemma 4 ``<|channel>thought\n<channel|>`` before an answer that opens no
+thought block; the table says where text was put in between. For gpt-oss
+it writes an empty analysis message and then a final channel's header
+(``<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>``)
+before any answer that opens no analysis message (a call, or final text,
+right after ``<|start|>assistant``): the answer is then read as the final
+message's body, not as written, so such an answer is counted as refused
+(named under "not read as written").
 
 A loss is counted as for the vLLM column (``losses``: a call missing or
 changed, an argument included, or the reasoning or content changed,
 compared stripped). A 200 answer of llama.cpp carries nothing that says it
 dropped or repaired something, so every loss in one is silent; an error
-answer is a report (counted apart, ``refused``). xtml's column is its own
+answer is a report (counted apart, ``refused``, as is an answer the server
+cannot be made to read as written). xtml's column is its own
 lenient parse of the same answer's ids (``Template.parse(completion=True,
 lenient=True)``), silent where it gives no diagnostic (the vLLM plugin logs
 each diagnostic as a warning).
@@ -161,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama.cpp {e['family']:<17}: lost {gen} of {e['answers']['generated']} generated answers; "
               f"hostile: {'; '.join(named) or 'none'}")
         if e["unforced"]:
-            print(f"    not read as written (left out): {'; '.join(e['unforced'])}")
+            print(f"    not read as written (counted as refused): {'; '.join(e['unforced'])}")
         between = set(e["inserted"].values())
         if between:
             print(f"    {len(e['inserted'])} answers read with {', '.join(map(repr, sorted(between)))} "

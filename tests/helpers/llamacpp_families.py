@@ -17,14 +17,19 @@ followed by the generated text). ``logit_bias`` on the model's
 end-of-generation ids with ``max_tokens`` 1 makes the model add nothing:
 an answer whose only token was not an end-of-generation one ends with
 ``finish_reason: "length"`` and is refused here. Where the family opens its
-reasoning itself (``<think>``), the text goes in as the reasoning to
-continue, because llama.cpp writes the open tag before it; which split of
+reasoning itself (``<think>``, Gemma 4's ``<|channel>thought``, harmony's
+analysis message), the text goes in as the reasoning to continue, because
+llama.cpp writes the opening before it; which split of
 the text makes llama.cpp's prompt equal to its own generation prompt
 followed by exactly the answer's text is checked on ``/apply-template``,
 and a case where none does says what llama.cpp put in between
 (``inserted``: an empty reasoning block, for a family whose parser reads
-reasoning, before an answer that does not open one). An empty answer is
-no message to continue: the request then ends with the generation prompt.
+reasoning, before an answer that does not open one). Where what it puts in
+between opens a message of its own around the answer (gpt-oss: an empty
+analysis message and a final channel's header before an answer that opens
+no analysis message), the answer cannot be read as written: such a row is
+``unforced``, and counted as refused. An empty answer is no message to
+continue: the request then ends with the generation prompt.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from tests.helpers.families import QWEN3_SHA256, llama_template
 from tests.helpers.family_requests import REFERENCES
 from tests.helpers.vllm import as_json
 
-FAMILIES = ("qwen3", "llama-3.1", "deepseek-v3.1", "kimi-k2", "kimi-k2-thinking", "glm-4.6")
+FAMILIES = ("qwen3", "llama-3.1", "deepseek-v3.1", "kimi-k2", "kimi-k2-thinking", "glm-4.6", "gemma-4", "gpt-oss")
 
 # kimi-k2-thinking's and deepseek-v3.1's reference templates (REFERENCES,
 # read from llama.cpp's history) are not in the sdist: its later copies
@@ -61,7 +66,19 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                       "d9f5f351b276cf9e81d009db08830db7d38e94927aecd09a7beb43e2aafee94e"),
     "kimi-k2-thinking": ("Kimi-K2-Thinking.jinja",
                          "2f6c593d50682612ccc3229f043ecd1bdeb5a32fdfe86ca2158203a61d885817"),
+    "gemma-4": (REFERENCES["gemma-4"].source, REFERENCES["gemma-4"].sha256),
+    "gpt-oss": (REFERENCES["gpt-oss"].source, REFERENCES["gpt-oss"].sha256),
 }
+
+# Where an answer opens its reasoning otherwise than the family's think
+# pair says: harmony's analysis message, which the template writes before
+# a continued reasoning (and, before continued content, an empty analysis
+# message and a final channel's header of its own).
+OPENS = {"gpt-oss": "<|channel|>analysis<|message|>"}
+# A header llama.cpp writes before a continued answer that opens a message
+# of the answer's own: the answer is then that message's body, not the
+# answer as written (harmony: an answer that opens no analysis message).
+HEADERS = {"gpt-oss": "<|channel|>final<|message|>"}
 
 CTX = 4096
 STARTUP_S = 120.0
@@ -254,7 +271,8 @@ class Server:
             # alone, as after a model that stops at once.
             return plain, ""
         tries = [({"role": "assistant", "content": case.text}, "content", case.text)]
-        for opened in ("<think>\n", "\n<think>", "<think>", ""):
+        own = OPENS.get(self.name) or (vf.BY_NAME[self.name].think or ("",))[0]
+        for opened in dict.fromkeys((own, "<think>\n", "\n<think>", "<think>", "")):
             if case.text.startswith(opened):
                 rest = case.text[len(opened):]
                 # (GLM-4.6 writes a newline before the block, which
@@ -282,11 +300,19 @@ class Server:
     def read(self, case: Case) -> dict[str, Any]:
         """llama.cpp's message for the answer: ``got`` (shaped as the losses
         are counted), ``inserted`` (see prefill), or ``error`` (the server's
-        refusal: a report)."""
+        refusal: a report), or ``unforced`` (why the server cannot be made
+        to read the answer as written: see HEADERS)."""
         body, inserted = self.prefill(case)
         body |= {"temperature": 0, "max_tokens": 1, "logit_bias": [[i, 100] for i in self.eog],
                  "cache_prompt": True}
+        header = HEADERS.get(self.name)
+        unforced = header is not None and inserted.endswith(header)
         r = self.client.post("/v1/chat/completions", json=body)
+        if unforced:
+            # What the server answers is kept for the record, never counted.
+            return {"unforced": f"llama.cpp writes {inserted!r} before the continued answer, which it then reads "
+                                f"as that message's body", "inserted": inserted,
+                    "answered": r.json()["choices"][0]["message"] if r.status_code == 200 else r.text[:300]}
         if r.status_code != 200:
             return {"error": f"{r.status_code}: {r.text[:300]}", "inserted": inserted}
         answer = r.json()
@@ -325,14 +351,15 @@ def count(name: str, rows: list[tuple[Case, dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {"family": name, "answers": {}, "llamacpp": {}, "xtml": {}, "lost": [], "inserted": {},
                            "unforced": [c.what for c, row in rows if "unforced" in row]}
     for kind in ("generated", "hostile"):
-        # An answer the server could not be made to read as written is no
-        # answer of llama.cpp's: named apart, never counted.
-        mine = [(c, row) for c, row in rows if c.kind == kind and "unforced" not in row]
+        mine = [(c, row) for c, row in rows if c.kind == kind]
         out["answers"][kind] = len(mine)
         lost = refused = 0
         x_lost = x_silent = 0
         for c, row in mine:
-            if "error" in row:
+            if "error" in row or "unforced" in row:
+                # An answer the server cannot be made to read as written
+                # has no reading of llama.cpp's to count: refused, as an
+                # error answer is (named apart in ``unforced``).
                 refused += 1
             else:
                 n = vf.losses(row["got"], c.want)
@@ -343,7 +370,7 @@ def count(name: str, rows: list[tuple[Case, dict[str, Any]]]) -> dict[str, Any]:
             n = vf.losses(got, c.want)
             x_lost += n
             x_silent += 0 if reported else n
-            if row.get("inserted"):
+            if row.get("inserted") and "unforced" not in row:
                 out["inserted"][c.what] = row["inserted"]
         out["llamacpp"][kind] = {"silent": lost, "refused": refused}
         out["xtml"][kind] = {"lost": x_lost, "silent": x_silent}
