@@ -199,9 +199,6 @@ def read_arguments(d: LayoutDialect, f: Fold, lexed: str, schema: Any,
         return None, _lexed_at(lexed, spelled, at), e.msg
     except RequestError as e:
         return None, 0, e.msg
-    except RecursionError:
-        # Nested past the reader's depth: refused, never a crash of the parse.
-        return None, 0, "values nested too deeply to read"
 
 
 def _lexed_at(lexed: str, spelled: Mapping[int, str], at: int) -> int:

@@ -179,7 +179,7 @@ class FoldLive:
         self.args = seen_text[-self.keep:] if self.keep else ""
         try:
             pairs = self.reader.feed("".join(self.quotes.get(c, c) for c in s))
-        except (ParseError, RequestError, RecursionError):
+        except (ParseError, RequestError):
             self.failed = True
             return
         self._pairs(pairs, at, out)
@@ -198,7 +198,7 @@ class FoldLive:
             return  # no arguments read (the parse withholds it), or a close this reader does not know
         try:
             rest = reader.close()
-        except (ParseError, RequestError, RecursionError):
+        except (ParseError, RequestError):
             return
         self._pairs(rest, at, out)
         self.index += 1

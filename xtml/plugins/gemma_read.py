@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ParseError, RequestError, shown
+from ..errors import MAX_DEPTH, ParseError, RequestError, shown
 
 __all__ = ["KEY_ENDS", "QUOTE", "Parser", "Reader"]
 
@@ -68,10 +68,11 @@ class Parser:
     """Reads arguments text: strict, every error a :class:`ParseError` at
     the character it is found at."""
 
-    __slots__ = ("text",)
+    __slots__ = ("depth", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self.depth = 0
 
     def fail(self, msg: str, at: int) -> ParseError:
         return ParseError(msg, offset=at, source=self.text)
@@ -139,10 +140,16 @@ class Parser:
             if end < 0:
                 raise self.fail(f"a string that is never closed (no {QUOTE} after it)", i)
             return text[i + len(QUOTE):end], end + len(QUOTE)
-        if c == "{":
-            return self.object(i, schema)
-        if c == "[":
-            return self.list(i, schema)
+        if c in "{[":
+            # Bounded as a request's JSON is: past it, a located error,
+            # never Python's recursion limit.
+            if self.depth >= MAX_DEPTH:
+                raise self.fail(f"values nested more than {MAX_DEPTH} levels deep", i)
+            self.depth += 1
+            try:
+                return self.object(i, schema) if c == "{" else self.list(i, schema)
+            finally:
+                self.depth -= 1
         m = _BARE.match(text, i)
         assert m is not None
         word = m.group()
