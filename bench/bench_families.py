@@ -95,28 +95,38 @@ def gguf_path() -> str:
     return path
 
 
+REFERENCES_DEFAULT = "~/.cache/xtml/references"
+
+
 def official_template(t: LayoutTemplate, gguf: str) -> tuple[str | None, str]:
     """The dialect's official template text (checked by its sha256), or None
-    and why there is none here."""
+    and why there is none here. A template llama.cpp's sdist does not carry
+    as the dialect mirrors it is looked for by its file name in
+    ``XTML_REFERENCE_TEMPLATES`` (default ``~/.cache/xtml/references``): the
+    files read from llama.cpp's history (tests/data/families/make_expected.py
+    says how), never committed."""
     ref = t.layout.reference
     where = ref.get("template", "")
-    text: str | None = None
     if where.startswith("tokenizer.chat_template of"):
         import gguf as gguf_reader
 
         reader = gguf_reader.GGUFReader(gguf)
         field = reader.fields["tokenizer.chat_template"]
         text = bytes(field.parts[field.data[0]]).decode("utf-8")
-    else:
-        folder = os.environ.get("XTML_LLAMA_TEMPLATES", "")
-        name = Path(where.split(" ", 1)[0]).name
-        path = Path(folder) / name if folder and name else None
-        if path is None or not path.is_file():
-            return None, f"{name or where} not in XTML_LLAMA_TEMPLATES"
-        text = path.read_text(encoding="utf-8")
-    if hashlib.sha256(text.encode("utf-8")).hexdigest() != ref.get("sha256"):
-        return None, f"{where}: another text than the one the dialect mirrors (sha256 differs)"
-    return text, where
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() != ref.get("sha256"):
+            return None, f"{where}: another text than the one the dialect mirrors (sha256 differs)"
+        return text, where
+    name = Path(where.split(" ", 1)[0]).name
+    folders = [os.environ.get("XTML_LLAMA_TEMPLATES", ""),
+               os.environ.get("XTML_REFERENCE_TEMPLATES") or os.path.expanduser(REFERENCES_DEFAULT)]
+    for folder in filter(None, folders):
+        path = Path(folder) / name
+        if name and path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if hashlib.sha256(text.encode("utf-8")).hexdigest() == ref.get("sha256"):
+                return text, where
+    return None, (f"{name or where} of sha256 {ref.get('sha256')} in neither XTML_LLAMA_TEMPLATES nor "
+                  "XTML_REFERENCE_TEMPLATES")
 
 
 def _without_reasoning(req: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +158,8 @@ SHAPES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
 
 SPECIAL_TOKENS = {"llama-3.1": {"bos_token": "<|begin_of_text|>"},
                   "deepseek-v3.1": {"bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>"},
-                  "gemma-4": {"bos_token": "<bos>"}}
+                  "gemma-4": {"bos_token": "<bos>"},
+                  "mistral-small-3.1": {"bos_token": "<s>", "eos_token": "</s>"}}
 """The special tokens a model's tokenizer_config.json gives its template
 (``{{ bos_token }}``), which transformers passes from the tokenizer: the
 one built here from the GGUF has none of its own."""

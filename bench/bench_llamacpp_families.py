@@ -17,9 +17,17 @@ and the family's official template: ``Qwen-Qwen3-0.6B.jinja``,
 whose reference templates are not in the sdist, its later copies
 ``deepseek-ai-DeepSeek-V3.1.jinja`` and ``Kimi-K2-Thinking.jinja`` (what
 matters here is which parser llama.cpp builds for the template; the log
-names it). Mistral Small 3.1 is left out: its official template is not in
-the sdist, and llama.cpp picks its parser by the template's source, so no
-other text stands in for it.
+names it). K3's row reads its answers with the sdist's ``Kimi-K3.jinja``
+(llama.cpp's own, written for it). Mistral Small 3.1's reference template is
+not in the sdist in any copy, and llama.cpp picks its parser by the
+template's source, so no other text stands in for it: it is read by its
+file name from the folder ``XTML_REFERENCE_TEMPLATES`` names (default
+``~/.cache/xtml/references``), ``mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja``
+of ggml-org/llama.cpp at commit 9190da2 (checked by its sha256;
+tests/data/families/make_expected.py says how to take it out of a clone),
+and without it the row says why it is not measured. A template
+llama-server will not start with (its Jinja engine refuses it) is recorded
+with what its log said (``template_refused``).
 
 The answers are tests/helpers/vllm_families.py's: per family up to 24
 generated ones (the last assistant turn of seeded requests as the dialect
@@ -141,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true",
                     help=f"the first {QUICK[0]} generated and {QUICK[1]} hostile answers of each family")
-    ap.add_argument("--only", help=f"these families (comma-separated: {', '.join(lf.FAMILIES)})")
+    ap.add_argument("--only", help=f"these families (comma-separated: {', '.join(lf.BENCHED)})")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"JSON results (default {DEFAULT_OUT})")
     args = ap.parse_args(argv)
-    only = args.only.split(",") if args.only else list(lf.FAMILIES)
-    if not set(only) <= set(lf.FAMILIES):
-        ap.error(f"--only: families are {', '.join(lf.FAMILIES)}")
+    only = args.only.split(",") if args.only else list(lf.BENCHED)
+    if not set(only) <= set(lf.BENCHED):
+        ap.error(f"--only: families are {', '.join(lf.BENCHED)}")
     binary = found("XTML_LLAMA_SERVER", "~/.cache/xtml/llama-server/*/llama-server")
     model = found("XTML_SMOLLM2_GGUF", "~/.cache/xtml/models/*/*.gguf")
     os.environ.setdefault("XTML_LLAMA_TEMPLATES", found("XTML_LLAMA_TEMPLATES", "~/.cache/xtml/llama-cpp-templates/*"))
@@ -155,10 +163,22 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     entries = []
+    skipped: dict[str, str] = {}
+    refused: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="xtml-bench-llamacpp-families-") as tmp:
         for name in only:
+            why = lf.missing(name)
+            if why is not None:
+                print(f"{name}: not measured: {why}", flush=True)
+                skipped[name] = why
+                continue
             print(f"reading {name}'s answers through llama-server ...", flush=True)
-            e = run_family(name, binary, model, Path(tmp), limit)
+            try:
+                e = run_family(name, binary, model, Path(tmp), limit)
+            except lf.TemplateRefused as err:
+                print(f"  llama-server refuses {lf.TEMPLATES[name][0]}: {err}", flush=True)
+                refused[name] = str(err)
+                continue
             print(f"  {e['seconds']} s; llama.cpp: {e['llamacpp_format']}", flush=True)
             entries.append(e)
     elapsed = time.perf_counter() - t0
@@ -184,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
            "limit": {"generated": limit[0], "hostile": limit[1]}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "families": entries}, indent=1, ensure_ascii=False), encoding="utf-8")
+    out.write_text(json.dumps({"env": env, "families": entries, "not_measured": skipped,
+                              "template_refused": refused}, indent=1, ensure_ascii=False), encoding="utf-8")
     print(f"\nwrote {out} ({elapsed:.0f} s; load average {load_start[0]:.2f} → {os.getloadavg()[0]:.2f})")
     return 0
 

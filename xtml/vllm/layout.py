@@ -17,7 +17,6 @@ or withholds is said in vLLM's log, one warning an answer.
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -37,12 +36,10 @@ from vllm.tool_parsers.abstract_tool_parser import ToolParser
 from ..errors import TokenizerError
 from ..template import LayoutTemplate
 from ..vocab.vocabulary import Vocabulary
-from .parsers import _constrained, _keep_special_tokens, _text, _xtml_request
+from .parsers import _constrained, _keep_special_tokens, _repaired, _text, _xtml_request
 from .plugin import template
 
 __all__ = ["XtmlLayoutReasoningParser", "XtmlLayoutToolParser"]
-
-log = logging.getLogger(__name__)
 
 
 class _LayoutSetup:
@@ -148,16 +145,6 @@ def _handed_on(request: Any, content: str) -> None:
 def _after_block(request: Any, content: str) -> bool:
     hit = _SPLIT.pop(id(request), None)
     return hit is not None and hit[0] is request and hit[1] == content
-
-
-def _repaired(diagnostics: Sequence[dict[str, Any]]) -> None:
-    """Say what the parse of an answer left out or repaired: vLLM's
-    response has no field for it, so its log does (one warning an answer),
-    and nothing is lost in silence."""
-    if diagnostics:
-        log.warning("xtml: the answer was not written as the format writes one, and was read with %d "
-                    "repair(s): %s", len(diagnostics),
-                    "; ".join(f"{d['kind']} at token {d['offset']}: {d['message']}" for d in diagnostics))
 
 
 class XtmlLayoutReasoningParser(ReasoningParser):

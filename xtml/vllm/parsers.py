@@ -428,6 +428,7 @@ class XtmlToolParser(ToolParser):
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
         ids, thinking = self._ids(model_output, request)
         msg = self.x.tpl.parse(ids, self.x.vocab, completion=True, lenient=True, thinking=thinking)
+        _repaired(msg.get("diagnostics") or ())
         # The calls as the stream sends them: a call the answer was cut off
         # in is withheld, whole as streamed.
         stream = self.x.stream(thinking)
@@ -464,6 +465,7 @@ class XtmlToolParser(ToolParser):
         reasoning: list[str] = []
         content: list[str] = []
         calls: list[DeltaToolCall] = []
+        _repaired([e.diagnostic for e in events if e.type == "diagnostic" and e.diagnostic is not None])
         for e in events:
             if e.type == "text" and e.text:
                 if e.channel == self.x.content_tag:
@@ -535,6 +537,16 @@ def _xtml_request(request: Any) -> dict[str, Any]:
         body["parallel_tool_calls"] = request.parallel_tool_calls
     body.update(_request_options(request))
     return body
+
+
+def _repaired(diagnostics: Sequence[dict[str, Any]]) -> None:
+    """Say what the parse of an answer left out or repaired: vLLM's
+    response has no field for it, so its log does (one warning an answer),
+    and nothing is lost in silence."""
+    if diagnostics:
+        log.warning("xtml: the answer was not written as the format writes one, and was read with %d "
+                    "repair(s): %s", len(diagnostics),
+                    "; ".join(f"{d['kind']} at token {d['offset']}: {d['message']}" for d in diagnostics))
 
 
 def _kept(events: list[Any]) -> list[Any]:
