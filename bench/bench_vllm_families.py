@@ -391,15 +391,25 @@ def count_losses(folder: Path, only: list[str] | None) -> dict[str, Any]:
         jobs.append({"template": name, "source": vf.source(name), "tokenizer": str(path), "stop": vf.stops(name),
                      "pairs": [["xtml", "xtml"], vf.BY_NAME[name].pair], "harmony": vf.BY_NAME[name].harmony,
                      "cases": [{**c, "groupings": [[1]]} for c in cases]})
-    job = {"dist": str(dist_folder(folder / "dist")), "families": jobs}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_PLUGINS": "xtml",
            **(harmony_env() if any(vf.BY_NAME[n].harmony for n in names) else {})}
-    print(f"counting silent losses in vLLM's venv: {', '.join(names)}", flush=True)
-    run = subprocess.run([vllm_python(), "-P", str(DRIVER)], input=json.dumps(job), capture_output=True,
-                         text=True, env=env, cwd=folder)
-    if run.returncode != 0:
-        raise SystemExit(f"bench_vllm_families: the loss count failed in vLLM's venv:\n{run.stderr[-4000:]}")
-    answer = json.loads(run.stdout)
+    answer: dict[str, Any] = {"families": {}}
+    dist = str(dist_folder(folder / "dist"))
+    # The plugin registers the XTML engine's parsers or the layout ones, as
+    # the template a process starts with is: K3 runs in a process of its own.
+    for markup in (True, False):
+        group = [j for j in jobs if vf.BY_NAME[j["template"]].markup is markup]
+        if not group:
+            continue
+        print(f"counting silent losses in vLLM's venv: {', '.join(j['template'] for j in group)}", flush=True)
+        job = {"dist": dist, "families": group}
+        run = subprocess.run([vllm_python(), "-P", str(DRIVER)], input=json.dumps(job), capture_output=True,
+                             text=True, env=env, cwd=folder)
+        if run.returncode != 0:
+            raise SystemExit(f"bench_vllm_families: the loss count failed in vLLM's venv:\n{run.stderr[-4000:]}")
+        got = json.loads(run.stdout)
+        answer["vllm"] = got["vllm"]
+        answer["families"].update(got["families"])
     out: list[dict[str, Any]] = []
     for name in names:
         f = vf.BY_NAME[name]
