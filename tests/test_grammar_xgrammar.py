@@ -244,11 +244,11 @@ def test_a_literal_with_a_control_character_before_a_hex_letter_is_that_text() -
     """A literal is written with escapes xgrammar reads as written: a
     control character followed by a hex letter is two characters, not one
     (xgrammar reads ``\\x`` greedily)."""
-    from xtml.codec.completion.xgrammar import _ebnf_str
+    from xtml.plugins.api import ebnf_literal
 
     python = need("engines python", "tests/run sets it up", env="XTML_ENGINES_PYTHON")
     texts = ["\x01a", "\x1fF", "a\x7fbc", "\x00" + "0" * 3, "tab\there\nnew\x02e"]
-    cases = [(_ebnf_str(t), t, True) for t in texts] + [(_ebnf_str(t), t[:-1], False) for t in texts]
+    cases = [(ebnf_literal(t), t, True) for t in texts] + [(ebnf_literal(t), t[:-1], False) for t in texts]
     script = ("import json, sys, xgrammar as x\n"
               "out = [x.testing._is_grammar_accept_string(x.Grammar.from_ebnf('root ::= ' + g), t)"
               " for g, t, _ in json.load(sys.stdin)]\n"

@@ -35,6 +35,7 @@ __all__ = [
     "ValueSyntax",
     "call_id",
     "check_attributes",
+    "ebnf_literal",
     "jsonfmt",
 ]
 
@@ -44,6 +45,29 @@ def call_id(pos: int, k: int) -> str:
     message at position ``pos``: ids are not in the tokens, so they are made
     up the same way on both sides."""
     return f"call_{pos}_{k}"
+
+
+def ebnf_literal(s: str, wide: bool = True) -> str:
+    """``s`` as a quoted literal. ``wide``: a control character as ``\\u``
+    of four digits, for xgrammar, which reads ``\\x`` as greedily as C does
+    (a hex letter after it would join the escape: ``\\x01a`` is one
+    character); else as ``\\x`` of two, which llama.cpp reads and
+    llguidance's GBNF converter keeps."""
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}" if wide else f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
 from ..errors import RequestError, shown
+from .api import ebnf_literal
 from .gemma_read import KEY_ENDS, QUOTE
 from .gemma_write import BOUNDS, LarkGrammar, holds
 
@@ -41,30 +42,9 @@ _FLOAT_DIGITS = 308
 """Digits before the point of a numeral read back finite by float()."""
 
 
-def _lit(s: str, wide: bool = True) -> str:
-    """``s`` as a literal (``wide``: a control character as ``\\u`` of four
-    digits, for xgrammar, whose ``\\x`` takes every hex digit that follows;
-    else as ``\\x`` of two, which llama.cpp reads and llguidance's GBNF
-    converter keeps)."""
-    out = []
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}" if wide else f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
 def _cls_char(ch: str, wide: bool) -> str:
-    """``ch`` in a character class (``wide`` as for :func:`_lit`)."""
+    """``ch`` in a character class (``wide`` as for
+    :func:`.api.ebnf_literal`)."""
     if ch.isalnum() and ord(ch) < 0x80:
         return ch
     if ord(ch) < 0x100 and not wide:
@@ -148,7 +128,7 @@ class EbnfGrammar(LarkGrammar):
         self.strings: dict[tuple[int, int | None], str] = {}
 
     def lit(self, s: str) -> str:
-        return _lit(s, self.wide)
+        return ebnf_literal(s, self.wide)
 
     def cls(self, chars: Iterable[str], negate: bool = False) -> str:
         """A class of ``chars`` (``negate``: of every character but them)."""

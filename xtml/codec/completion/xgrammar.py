@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ...plugins.api import ebnf_literal
 from .plan import Plan
 from .schema import ALL_TYPES, StringForm, Tool, Value, deref, json_type, json_types
 from .writer import GrammarWriter
@@ -26,26 +27,6 @@ fit, and the other keys may repeat."""
 def write(plan: Plan) -> str:
     """The plan (made for ``xgrammar``, with a tokenizer) as EBNF."""
     return _Ebnf.grammar(plan)
-
-
-def _ebnf_str(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            # Not \xHH: xgrammar reads \x as greedily as C does, so a hex
-            # letter after it would join the escape (\x01a is one character).
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 def _below(digits: str) -> str:
@@ -113,7 +94,7 @@ class _Ebnf(GrammarWriter):
         return f"{name} ::= {body}"
 
     def lit(self, s: str) -> str:
-        return _ebnf_str(s)
+        return ebnf_literal(s)
 
     def text_opt(self) -> str:
         if "text" not in self.used:
