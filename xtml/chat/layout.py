@@ -20,7 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from ..lru import Lru
 from .layout_pattern import Pattern, token_char, token_finder
 from .layout_split import SplitLayout
 from .layout_turn import TextOption, TurnLayout
@@ -332,8 +334,14 @@ class LayoutDialect:
         """The stream's channel name for what a channel holds."""
         return _CHANNELS.get(holds)
 
-    def chars(self) -> dict[str, str]:
-        return {t: token_char(k) for k, t in enumerate(self.tokens)}
+    def chars(self) -> Mapping[str, str]:
+        """Each token of the dialect as the one character the readers' text
+        holds for it (made once a dialect: readers ask per message)."""
+        hit = _CHARS.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        made = MappingProxyType({t: token_char(k) for k, t in enumerate(self.tokens)})
+        return _CHARS.put(id(self), (self, made))[1]
 
     def finder(self) -> re.Pattern[str]:
         """Finds the dialect's tokens in text, longest first."""
@@ -361,3 +369,5 @@ def fold_kind(folded: bool, calls: str, arguments: str, tools: str, system_turn:
 
 
 _CHANNELS = {"reasoning": "think", "content": "response", "tool_calls": "tools"}
+# What chars() made of a dialect, kept as layout_parse keeps what it makes.
+_CHARS: Lru[int, tuple[LayoutDialect, Mapping[str, str]]] = Lru()

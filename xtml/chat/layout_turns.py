@@ -346,7 +346,11 @@ class _Turns:
     def __init__(self, d: LayoutDialect) -> None:
         t = d.header_turns
         assert t is not None
-        chars = d.chars()
+        chars = self.chars = d.chars()
+        self.stops = frozenset(chars[x] for x in d.stops)
+        # _close_of's answers, by whether the message has calls and the
+        # options (a prompt's messages share them), at most _CLOSES.
+        self.closes: dict[tuple[bool, tuple[tuple[str, Any], ...]], str] = {}
         self.head = re.compile(_rx(t.head.items, chars, {}, []))
         self.system_taken: list[tuple[str, bool]] = []
         decl = f"(?P<tools>{_rx(t.tools_system.items, chars, {'tools': f'(?P<decl>{ANY_TEXT}*?)'}, [])})" \
@@ -391,6 +395,10 @@ def _slot_at(items: Sequence[Item], name: str) -> int:
 
 # As layout_parse keeps what it makes of a dialect.
 _cache: Lru[int, tuple[LayoutDialect, _Turns]] = Lru()
+_PLAIN = (bool, int, float, str, type(None))
+_CLOSES = 64
+"""The closes kept a dialect: options differ by request (a date), so the
+cache is bounded; past it they are written each time."""
 
 
 def _compiled(d: LayoutDialect) -> _Turns:
@@ -516,10 +524,17 @@ def parse_prompt_turns(d: LayoutDialect, lx: Lexed) -> dict[str, Any]:
 
 
 def _close_of(d: LayoutDialect, t: TurnLayout, calls: bool, conds: Mapping[str, bool]) -> str:
-    b = Builder()
-    (t.calls.close if calls and t.calls.close is not None else d.frame_close).render({}, conds, b)
-    chars = d.chars()
-    return next((chars[seg.text] for seg in b.finish() if seg.special), "")
+    c = _compiled(d)
+    key = (calls, tuple(sorted((k, v if isinstance(v, _PLAIN) else repr(v)) for k, v in conds.items())))
+    hit = c.closes.get(key)
+    if hit is None:
+        b = Builder()
+        (t.calls.close if calls and t.calls.close is not None else d.frame_close).render({}, conds, b)
+        chars = c.chars
+        hit = next((chars[seg.text] for seg in b.finish() if seg.special), "")
+        if len(c.closes) < _CLOSES:
+            c.closes[key] = hit
+    return hit
 
 
 def parse_completion_turns(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> dict[str, Any]:
@@ -532,11 +547,9 @@ def _completion(d: LayoutDialect, lx: Lexed, *, lenient: bool) -> tuple[dict[str
     t = d.header_turns
     assert t is not None
     c = _compiled(d)
-    chars = d.chars()
     s = lx.text
     r = _Repairs(d, lx, lenient)
-    stops = {chars[x] for x in d.stops}
-    stop_at = first_of(s, stops)
+    stop_at = first_of(s, c.stops)
     body = s if stop_at < 0 else s[:stop_at]
     end = len(s) if stop_at < 0 else stop_at
     message: dict[str, Any] = {"role": "assistant"}
