@@ -334,7 +334,9 @@ def stream_cells(tb: Table, name: str, res: dict[str, Any]) -> dict[str, str]:
             e = next((e for e in entries if e["workload"] == w and str(e["target"]) == size), None)
             if e is None:
                 continue
-            label = w.removeprefix(name).strip()
+            # The workload's own words past the family's name (mistral's
+            # workloads say "mistral-3.1 text").
+            label = w.split(" ", 1)[1] if " " in w else ""
             parts.append((f"{label}: " if label else "") + f"{side(e, 'xtml')} / {side(e, 'vllm')}")
         if parts:
             cells[size] = "; ".join(parts)
