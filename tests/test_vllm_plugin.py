@@ -139,17 +139,33 @@ def test_the_plugin_registers_both_parsers() -> None:
     assert answer["hands_ids"] is True and answer["plugin_warnings"] == []
 
 
+def warned(ids: list[int], thinking: bool) -> int:
+    """The warnings the tool parser gives a whole answer it reads as ``ids``
+    (docs/vllm.md): one where Template.parse of them repaired or withheld
+    something, none where it did not; none for an answer cut off while
+    reasoning, which leaves the tool parser nothing to read."""
+    k3, vocab = xtml.load("kimi-k3"), k3_vocab()
+    close = k3.completion_ids(f"{k3.markers.close}think{k3.markers.sep}", vocab)
+    if thinking and not any(ids[k:k + len(close)] == close for k in range(len(ids))):
+        return 0
+    return int(bool(k3.parse(ids, vocab, completion=True, lenient=True, thinking=thinking).get("diagnostics")))
+
+
 def test_whole_answers_are_read_on_their_ids() -> None:
     """vLLM 0.33's DelegatingParser.parse drops the generated ids its server
     hands it; the plugin hands them on to xtml's parsers (docs/vllm.md), so
     every whole answer is Template.parse's message of the generated ids,
-    marker text in an argument value and a quoted tools channel included,
-    with nothing reported."""
+    marker text in an argument value and a quoted tools channel included;
+    what the parse repaired or withheld (an id past the vocabulary, a call
+    after an answer left open) is one warning, and a clean answer none."""
     answer, cases = outcomes()
     assert len(cases) >= 40
+    repaired = 0
     for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
         assert shaped(got["whole"]) == whole_answer(expected(ids, thinking))
-        assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == 0
+        assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == warned(ids, thinking)
+        repaired += warned(ids, thinking)
+    assert 0 < repaired < len(cases)
     hostile_args = shaped(answer["results"][first_hostile()]["whole"])["tool_calls"]
     assert hostile_args == [["f", {"q": "os<|close|>argument<|sep|>sify"}]]
     quoted = shaped(answer["results"][first_hostile() + 1]["whole"])
@@ -180,7 +196,7 @@ def test_the_upstream_patch_reads_whole_answers_on_their_ids() -> None:
     assert answer["hands_ids"] is False
     for (ids, _, thinking), got in zip(cases, answer["results"], strict=True):
         assert shaped(got["whole"]) == whole_answer(expected(ids, thinking))
-        assert got["whole_warnings"] == 0
+        assert got["whole_warnings"] == warned(ids, thinking)
 
 
 def test_hook_problem_names_what_differs() -> None:
@@ -211,7 +227,8 @@ def check_read_from_text(answer: dict[str, Any], cases: list[tuple[list[int], di
     reads back to, and as xtml parses the generated ids whenever its text
     spells no marker; when it does, the parser says so (one warning, with
     the first token that differs) as soon as vLLM hands it the ids, and only
-    then."""
+    then, besides the warning of what the parse of the read-back ids
+    repaired."""
     k3, vocab = xtml.load("kimi-k3"), k3_vocab()
     end = k3.bind(vocab).marker_ids[k3.markers.end]
     assert len(cases) >= 40
@@ -220,14 +237,16 @@ def check_read_from_text(answer: dict[str, Any], cases: list[tuple[list[int], di
         generated = ids[:-1] if ids and ids[-1] == end else ids
         read_back = k3.completion_ids(vocab.decode(generated), vocab)
         assert shaped(got["whole"]) == whole_answer(expected(read_back, thinking))
+        # (The repairs are of the ids read back from the text.)
         if read_back == generated:
             assert shaped(got["whole"]) == whole_answer(expected(ids, thinking))
-            assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == 0
+            assert got["whole_ambiguous_at"] is None and got["whole_warnings"] == warned(read_back, thinking)
         else:
             spelled += 1
             assert any(m in vocab.decode(ids) for m in k3.markers.all())
             at = next(k for k, (a, b) in enumerate(zip(read_back, ids)) if a != b)
-            assert got["whole_ambiguous_at"] == at and got["whole_warnings"] == 1
+            assert got["whole_ambiguous_at"] == at
+            assert got["whole_warnings"] == 1 + warned(read_back, thinking)
     assert 0 < spelled < len(cases)
 
 
