@@ -11,7 +11,6 @@ it is, anything else as ``json.dumps`` writes it, which the engines'
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,18 @@ from typing import Any
 import pytest
 
 import xtml
-from tests.helpers.cli import run
 from tests.helpers.family_requests import family_requests
 from tests.helpers.jinja_engines import ENGINES, need_engine, render_all
 from tests.helpers.jinja_probe import SAYS, toml, xtml_render
-from tests.helpers.layout_export import HOSTILE_TEXT, INJECT_SQ, braced, hostile_requests, outcomes
+from tests.helpers.layout_export import (
+    HOSTILE_TEXT,
+    INJECT_SQ,
+    braced,
+    hf_export,
+    hf_renders,
+    hostile_requests,
+    outcomes,
+)
 from xtml.chat.template_file import builtin_files
 from xtml.exports.jinja import jinja_template
 
@@ -222,31 +228,9 @@ def test_what_the_writer_cannot_write_is_still_refused(tpl: xtml.Template) -> No
 def test_export_jinja_and_the_hf_folder(tpl: xtml.Template, tmp_path: Path) -> None:
     """``xtml export jinja`` prints the template; the folder of ``xtml
     export hf``, loaded by transformers alone, renders xtml's text."""
-    from transformers import AutoTokenizer
-
-    from xtml.vocab.vocabulary import byte_vocabulary
-
-    code, out, err = run(["export", "jinja", "-t", "glm-4.6"])
-    assert code == 0 and err == "" and out == jinja_template(tpl.dialect), err
-    v = byte_vocabulary(tpl.dialect.tokens)  # type: ignore[attr-defined]
-    tok_file = tmp_path / "tokenizer.json"
-    v.tokenizer.save(str(tok_file))
-    folder = tmp_path / "glm"
-    code, out, err = run(["export", "hf", str(folder), "-t", "glm-4.6", "--tokenizer", str(tok_file)])
-    assert code == 0 and err == "", err
-    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    assert config["chat_template"] == jinja_template(tpl.dialect) and config["eos_token"] == "<|endoftext|>"
-    hf = AutoTokenizer.from_pretrained(str(folder))
-    texts = 0
-    for request in corpus():
-        msgs = [{k: v for k, v in m.items() if v is not None} for m in request["messages"]]
-        kw = {k: v for k, v in request.items() if k not in ("messages", "tools", "add_generation_prompt")}
-        want, _ = xtml_render(tpl, {**request, "messages": msgs})
-        if want is None:
-            continue
-        assert hf.apply_chat_template(msgs, tools=request.get("tools"), tokenize=False,
-                                      add_generation_prompt=request["add_generation_prompt"], **kw) == want, request
-        texts += 1
+    config, hf = hf_export(tpl, "glm-4.6", tmp_path / "glm")
+    assert config["eos_token"] == "<|endoftext|>"
+    texts = hf_renders(tpl, hf, corpus())
     assert texts >= N * 9 // 10, texts
 
 

@@ -27,11 +27,10 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 import xtml
-from tests.helpers.cli import run
 from tests.helpers.family_requests import family_requests
 from tests.helpers.jinja_engines import ENGINES, need_engine, render_all
 from tests.helpers.jinja_probe import toml, xtml_render
-from tests.helpers.layout_export import HOSTILE_TEXT, braced, outcomes
+from tests.helpers.layout_export import HOSTILE_TEXT, SETTLED, braced, hf_export, hf_renders, load_dialect, outcomes
 from xtml.exports.jinja import jinja_template
 
 pytestmark = pytest.mark.engines
@@ -43,16 +42,10 @@ N = 120
 LIMITS = ("this engine's Jinja cannot write what the typescript value syntax writes here",
           "this engine's Jinja cannot write Python's str()", "this engine's tojson writes the number ")
 """The template's own raises where an engine cannot write what xtml writes."""
-SETTLED = ("equal", "both refuse", "both refuse content as parts", "the engine refuses the request",
-           "the engine cannot write it: the template raises")
 
 
 def load(path: Path = FILE) -> xtml.Template:
-    """The dialect; every built-in one reads what it writes (no readers'
-    gate: its export and its parse cover the same requests)."""
-    t = xtml.load(str(path))
-    assert t.layout.render_only == ()  # type: ignore[attr-defined]
-    return t
+    return load_dialect(path)
 
 
 @pytest.fixture(scope="module")
@@ -411,31 +404,7 @@ def test_hostile_text_in_what_the_format_adds_stays_text(engine: str, tmp_path: 
 def test_export_jinja_and_the_hf_folder(tpl: xtml.Template, tmp_path: Path) -> None:
     """``xtml export jinja`` prints the template; the folder of ``xtml
     export hf``, loaded by transformers alone, renders xtml's text."""
-    from transformers import AutoTokenizer
-
-    from xtml.vocab.vocabulary import byte_vocabulary
-
-    code, out, err = run(["export", "jinja", "-t", str(FILE)])
-    assert code == 0 and err == "" and out == jinja_template(tpl.dialect), err
-    v = byte_vocabulary(tpl.dialect.tokens)  # type: ignore[attr-defined]
-    tok_file = tmp_path / "tokenizer.json"
-    v.tokenizer.save(str(tok_file))
-    folder = tmp_path / "gpt-oss"
-    code, out, err = run(["export", "hf", str(folder), "-t", str(FILE), "--tokenizer", str(tok_file)])
-    assert code == 0 and err == "", err
-    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    assert config["chat_template"] == jinja_template(tpl.dialect)
-    hf = AutoTokenizer.from_pretrained(str(folder))
-    texts = 0
-    for request in corpus():
-        if "date" not in request:
-            continue  # the clock: the test above
-        msgs = [{k: v for k, v in m.items() if v is not None} for m in request["messages"]]
-        kw = {k: v for k, v in request.items() if k not in ("messages", "tools", "add_generation_prompt")}
-        want, _ = xtml_render(tpl, {**request, "messages": msgs})
-        if want is None:
-            continue
-        assert hf.apply_chat_template(msgs, tools=request.get("tools"), tokenize=False,
-                                      add_generation_prompt=request["add_generation_prompt"], **kw) == want, request
-        texts += 1
+    _, hf = hf_export(tpl, str(FILE), tmp_path / "gpt-oss")
+    # (Requests without a date read the clock: the test above.)
+    texts = hf_renders(tpl, hf, (r for r in corpus() if "date" in r))
     assert texts >= N // 3, texts

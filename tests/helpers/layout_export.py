@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import xtml
@@ -223,3 +225,54 @@ def hostile_requests(tpl: xtml.Template) -> list[dict[str, Any]]:
                               {"role": "assistant", "content": "a" + cut + "b" + cut + "c"}, user],
                  "add_generation_prompt": True, "thinking": True}]
     return out
+
+
+def hf_export(tpl: xtml.Template, source: str, folder: Path) -> tuple[dict[str, Any], Any]:
+    """``xtml export jinja -t SOURCE`` prints the dialect's template, and
+    ``xtml export hf`` writes ``folder`` (over a byte vocabulary of the
+    dialect's tokens) whose config holds it: the config, and the folder as
+    transformers alone loads it."""
+    from transformers import AutoTokenizer
+
+    from tests.helpers.cli import run
+    from xtml.vocab.vocabulary import byte_vocabulary
+
+    code, out, err = run(["export", "jinja", "-t", source])
+    assert code == 0 and err == "" and out == jinja_template(tpl.dialect), err
+    tok_file = folder.parent / f"{folder.name}-tokenizer.json"
+    byte_vocabulary(tpl.dialect.tokens).tokenizer.save(str(tok_file))  # type: ignore[attr-defined]
+    code, out, err = run(["export", "hf", str(folder), "-t", source, "--tokenizer", str(tok_file)])
+    assert code == 0 and err == "", err
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["chat_template"] == jinja_template(tpl.dialect)
+    return config, AutoTokenizer.from_pretrained(str(folder))
+
+
+def hf_renders(tpl: xtml.Template, hf: Any, requests: Iterable[dict[str, Any]]) -> int:
+    """How many of ``requests`` the loaded folder renders, each asserted to be
+    xtml's text (None-valued keys dropped, as transformers drops them); the
+    requests xtml refuses are passed over."""
+    texts = 0
+    for request in requests:
+        msgs = [{k: v for k, v in m.items() if v is not None} for m in request["messages"]]
+        kw = {k: v for k, v in request.items() if k not in ("messages", "tools", "add_generation_prompt")}
+        want, _ = xtml_render(tpl, {**request, "messages": msgs})
+        if want is None:
+            continue
+        assert hf.apply_chat_template(msgs, tools=request.get("tools"), tokenize=False,
+                                      add_generation_prompt=request["add_generation_prompt"], **kw) == want, request
+        texts += 1
+    return texts
+
+
+SETTLED = ("equal", "both refuse", "both refuse content as parts", "the engine refuses the request",
+           "the engine cannot write it: the template raises")
+"""The outcomes an engine's render may end in (any other is a difference)."""
+
+
+def load_dialect(path: Path) -> xtml.Template:
+    """A built-in dialect's file; every built-in one reads what it writes
+    (no readers' gate: its export and its parse cover the same requests)."""
+    t = xtml.load(str(path))
+    assert t.layout.render_only == ()  # type: ignore[attr-defined]
+    return t
