@@ -267,6 +267,10 @@ class TiktokenVocabulary(Vocabulary):
         with collector_paused():
             return [enc(t) for t in texts]
 
+    def fast_bpe(self) -> Any:
+        """False: the text is tiktoken's already."""
+        return False
+
     def overlaps(self) -> bool:
         """tiktoken encodes each text on the calling thread without the GIL:
         another core can always take a batch while the caller renders."""

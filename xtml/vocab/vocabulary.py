@@ -10,6 +10,7 @@ template's markers.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -21,9 +22,11 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
 from ..errors import TokenizerError
+from ..lru import Lru
 from ..markup.collector import collector_paused
+from .bytelevel import byte_to_char, usable_cores
 
-__all__ = ["Vocabulary", "byte_vocabulary"]
+__all__ = ["Vocabulary", "byte_to_char", "byte_vocabulary", "usable_cores"]
 
 # Texts up to this many characters have their ids cached by the vocabulary
 # (at most _SHORT_LIMIT of them, a few MB).
@@ -48,6 +51,12 @@ _TABLE_AFTER = 1 << 20
 # past a few hundred ids the pool's threads win).
 _EACH_RUNS = 16
 _EACH_IDS = 320
+
+# Characters encoded through the library before tiktoken's BPE is set up for
+# the vocabulary (see Vocabulary._fast_for): setting it up costs one to two
+# seconds for a vocabulary of 50k to 130k merges, what the library takes to
+# encode a few million characters, so a command-line render never pays it.
+_FAST_AFTER = 1 << 20
 
 # Held while a byte table is built (a fraction of a second, once per
 # vocabulary): a thread that asks meanwhile waits for the table instead of
@@ -87,6 +96,8 @@ class Vocabulary:
         self._size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._bytes: list[bytes] | None = None
         self._decoded = 0
+        self._encoded = 0
+        self._fast: Any = None  # a FastBPE, False where there is none
         self._short: dict[str, list[int]] = {}
         self._added = {
             t.content: (i, bool(t.special)) for i, t in self._tok.get_added_tokens_decoder().items()
@@ -157,11 +168,24 @@ class Vocabulary:
         # A text that comes twice in one call is encoded once.
         uniq = list(dict.fromkeys(miss))
         got: dict[str, list[int]] = {}
+        fast = self._fast_for(uniq)
+        if fast:
+            rest: list[str] = []
+            for t, ids in zip(uniq, fast.ids_many(uniq)):
+                if ids is None:
+                    rest.append(t)
+                else:
+                    got[t] = ids
+                    if len(t) <= SHORT_TEXT:
+                        short[t] = ids
+            uniq = rest
         # A list of ids per text: collections triggered by them would walk
         # the whole process (see xtml.markup.collector).
         with collector_paused():
             try:
-                if 1 < len(uniq) <= _SERIAL_TEXTS and sum(map(len, uniq)) <= _SERIAL_CHARS:
+                if not uniq:
+                    encoded = []
+                elif 1 < len(uniq) <= _SERIAL_TEXTS and sum(map(len, uniq)) <= _SERIAL_CHARS:
                     one = self._tok.encode_batch_fast  # one text: the library runs it on this thread
                     encoded = [one([t], add_special_tokens=False)[0] for t in uniq]
                 else:
@@ -177,6 +201,31 @@ class Vocabulary:
         for j, t in zip(where, miss):
             out[j] = got[t]
         return out
+
+    def _fast_for(self, texts: list[str]) -> Any:
+        """tiktoken's BPE for this vocabulary once it pays (see
+        :mod:`xtml.vocab.fastbpe`): a FastBPE, or something false."""
+        fast = self._fast
+        if fast is None:
+            self._encoded += sum(map(len, texts))
+            if self._encoded < _FAST_AFTER:
+                return None
+            fast = self.fast_bpe()
+        return fast
+
+    def fast_bpe(self) -> Any:
+        """The :class:`~xtml.vocab.fastbpe.FastBPE` that encodes this
+        vocabulary's ordinary text, made now if it was not (one to two
+        seconds; a server makes it before it takes requests), or False where
+        tiktoken would not give the library's ids. Every text it cannot
+        encode exactly goes to the library."""
+        fast = self._fast
+        if fast is not None:
+            return fast
+        with _TABLE_LOCK:
+            if self._fast is None:
+                self._fast = _fast_bpe(self._tok)
+            return self._fast
 
     def overlaps(self) -> bool:
         """Whether :meth:`ids_later` can gain time: the tokenizer encodes a
@@ -325,13 +374,26 @@ class Vocabulary:
         return self._tok
 
 
-@cache
-def usable_cores() -> int:
-    """The cores this process may run on (asked once: every encode asks)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on every platform
-        return os.cpu_count() or 1
+_FAST: Lru[str, Any] = Lru()
+
+
+def _fast_bpe(tok: Any) -> Any:
+    """A FastBPE for ``tok``, or False; kept by the tokenizer's content, so
+    the vocabularies a process makes over one tokenizer share one."""
+    from .fastbpe import build
+
+    saved = tok.to_str()
+    # Non-special added tokens are matched in text by the library (special
+    # ones are not: encode_special_tokens is set), so text holding one is
+    # left to it.
+    added = sorted(t.content for t in tok.get_added_tokens_decoder().values() if not t.special)
+    key = hashlib.sha256(saved.encode("utf-8", "surrogatepass")).hexdigest()
+    found = _FAST.get(key)
+    if found is None:
+        made = build(saved, added)
+        found = made if not isinstance(made, str) else False
+        _FAST.put(key, found)
+    return found
 
 
 _pool: Executor | None = None
@@ -399,20 +461,6 @@ def _unbyte() -> dict[int, int]:
     fails the encode."""
     out = dict.fromkeys(range(256), 0xFFFF)
     out.update({ord(c): b for b, c in byte_to_char().items()})
-    return out
-
-
-def byte_to_char() -> dict[int, str]:
-    """The byte-level BPE alphabet: each byte as the character that stands
-    for it in token strings (printable Latin-1 as itself, the rest shifted
-    past U+0100)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out = {b: chr(b) for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + n)
-            n += 1
     return out
 
 
