@@ -197,10 +197,12 @@ def k3_render(gguf: str, quick: bool) -> dict[str, Any]:
                                       add_generation_prompt=True, thinking_effort=reqs[k]["thinking_effort"])
 
     texts = [t.render(r).text for r in reqs]
+    # As bench_families.py does: tiktoken's BPE made first, as a server makes it.
+    fast = bool(vocab.fast_bpe())
     ids = [t.encode(r, vocab) for r in reqs]
     hf_texts = [hf_call(k, False) for k in range(len(reqs))]
     floor_ids = [e.ids for e in (tok.encode_batch_fast([x], add_special_tokens=False)[0] for x in texts)]
-    checks = {"xtml ids == floor ids of its text": ids == floor_ids,
+    checks = {"tiktoken's BPE in use": fast, "xtml ids == floor ids of its text": ids == floor_ids,
               "transformers text == xtml text": hf_texts == texts}
     methods: dict[str, Callable[[int], Any]] = {
         "floor": lambda k: tok.encode_batch_fast([texts[k]], add_special_tokens=False),
