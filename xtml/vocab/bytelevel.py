@@ -1,12 +1,41 @@
-"""Facts the vocabularies share: the byte-level BPE alphabet, and the cores
-this process may run on."""
+"""What the vocabularies share: the byte-level BPE alphabet, the cores this
+process may run on, and threads of their own."""
 
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
-__all__ = ["byte_to_char", "usable_cores"]
+__all__ = ["OneThread", "byte_to_char", "usable_cores"]
+
+
+class OneThread:
+    """A process's one thread for a kind of work, started on first use."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def __call__(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name)
+                pool = self._pool
+        return pool
+
+    def _forget(self) -> None:
+        # A forked child has no copy of the parent's threads: it starts its
+        # own (and its own lock, which a parent's thread may have held at
+        # the fork).
+        self._pool = None
+        self._lock = threading.Lock()
+        usable_cores.cache_clear()
 
 
 @cache

@@ -31,15 +31,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import unicodedata
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import regex
 
-from .bytelevel import byte_to_char, usable_cores
+from .bytelevel import OneThread, byte_to_char, usable_cores
 
 __all__ = ["FastBPE", "build"]
 
@@ -60,29 +58,9 @@ _UTF8_BYTES = (*range(0x00, 0xC0), *range(0xC2, 0xF5))
 _PARALLEL_CHARS = 16384
 _PARALLEL_MEAN = 1024
 
-_pool_made: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The process's one thread for the other half of a batch."""
-    global _pool_made
-    pool = _pool_made
-    if pool is None:
-        with _POOL_LOCK:
-            if _pool_made is None:
-                _pool_made = ThreadPoolExecutor(1, thread_name_prefix="xtml-bpe")
-            pool = _pool_made
-    return pool
-
-
-def _forget_pool() -> None:
-    # A forked child has no copy of the parent's threads.
-    global _pool_made
-    _pool_made = None
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+# The other half's thread: not the vocabulary's encoding thread, which may
+# be the one asking.
+_pool = OneThread("xtml-bpe")
 
 # Pieces of one or two characters whose ids are kept, at most.
 _SHORT_LIMIT = 1 << 16

@@ -16,15 +16,12 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, cast
-
-if TYPE_CHECKING:
-    from concurrent.futures import Executor
+from typing import Any, cast
 
 from ..errors import TokenizerError
 from ..lru import Lru
 from ..markup.collector import collector_paused
-from .bytelevel import byte_to_char, usable_cores
+from .bytelevel import OneThread, byte_to_char, usable_cores
 
 __all__ = ["Vocabulary", "byte_to_char", "byte_vocabulary", "usable_cores"]
 
@@ -396,34 +393,8 @@ def _fast_bpe(tok: Any) -> Any:
     return found
 
 
-_pool: Executor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _worker() -> Executor:
-    """The process's one encoding thread, started on first use."""
-    global _pool
-    pool = _pool
-    if pool is None:
-        with _POOL_LOCK:
-            if _pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                _pool = ThreadPoolExecutor(1, thread_name_prefix="xtml-encode")
-            pool = _pool
-    return pool
-
-
-def _forget_worker() -> None:
-    # A forked child has no copy of the parent's threads: it starts its own
-    # (and its own lock, which a parent's thread may have held at the fork).
-    global _pool, _POOL_LOCK
-    _pool = None
-    _POOL_LOCK = threading.Lock()
-    usable_cores.cache_clear()
-
-
-os.register_at_fork(after_in_child=_forget_worker)
+# The process's one encoding thread (ids_later).
+_worker = OneThread("xtml-encode")
 
 
 def join_bytes(table: list[bytes], run: Sequence[int]) -> bytes:
