@@ -263,3 +263,21 @@ def test_a_vocabulary_with_it_still_pickles(deepseek: tuple[Any, fastbpe.FastBPE
     assert vocab.fast_bpe()
     again = pickle.loads(pickle.dumps(vocab))
     assert again.encode_texts(["pickled 12345 x"]) == vocab.encode_texts(["pickled 12345 x"])
+
+
+def test_merges_out_of_order_and_tokens_made_twice() -> None:
+    from tokenizers import Tokenizer
+
+    # A part made by a later merge (as a list converted from tiktoken's
+    # ranks orders its merges): tiktoken merges by rank all the same.
+    saved = _bpe_json([["a", "bc"], ["b", "c"]])
+    fast = fastbpe.build(saved, [])
+    assert isinstance(fast, fastbpe.FastBPE)
+    tok = Tokenizer.from_str(saved)
+    for text in ("abc", "bcabc", "ab c", "abcbc"):
+        assert fast.ids(text) == tok.encode(text).ids, text
+    # One token made by two merges (a converter that lists every split of
+    # a token does so): the library orders the two, tiktoken cannot.
+    made = fastbpe.build(_bpe_json([["a", "b"], ["b", "c"], ["ab", "c"], ["a", "bc"]]), [])
+    assert made == "a token made by two merges"
+    assert fastbpe.build(_bpe_json([["a", "bx"]]), []) == "a merge of a part no merge makes"

@@ -13,7 +13,9 @@ cannot change an id:
   word prefix or suffix and no byte fallback; the normalizer is none or NFC;
 - the pre-tokenizer is a sequence of regex splits that keep every piece
   (``Isolated``), ending in ``ByteLevel`` without a prefix space;
-- every token is made by one listed merge, and tiktoken's own BPE on the
+- every token is made by one listed merge (a list converted from tiktoken
+  with every split of a token, as Llama 3's is, orders a token's merges
+  among themselves, which tiktoken cannot), and tiktoken's own BPE on the
   token's bytes ends with exactly that merge (so tiktoken can never join
   two parts the list does not pair: see :func:`_merges_agree`); the ranks
   are the merges' order.
@@ -259,7 +261,7 @@ def _ranks(model: dict[str, Any]) -> tuple[dict[bytes, int], list[int] | None, l
     for k, m in enumerate(merges):
         left, right = m if isinstance(m, list) else m.split(" ", 1)
         a, c = raw(left), raw(right)
-        if a is None or c is None or a not in ranks or c not in ranks:
+        if a is None or c is None:
             return "a merge of a token outside the byte-level alphabet"
         t = a + c
         if t in ranks:
@@ -270,6 +272,11 @@ def _ranks(model: dict[str, Any]) -> tuple[dict[bytes, int], list[int] | None, l
         ranks[t] = base + k
         rank_ids.append(made_id)
         listed[t] = (a, c)
+    # A part may be made by a later merge (a list converted from tiktoken
+    # orders merges by their token's rank, and tiktoken merges by rank
+    # whatever made the parts): only that it is made at all matters.
+    if any(a not in ranks or c not in ranks for a, c in listed.values()):
+        return "a merge of a part no merge makes"
     if model.get("ignore_merges"):
         # The library takes a piece that is a token whole; tiktoken too, but
         # only among its ranks: a token no merge makes would differ.
