@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import TemplateError, shown
 from ..markup.segments import Segment
@@ -192,9 +193,7 @@ class Pattern:
         return Pattern(source, tuple(out))
 
     def slots(self) -> list[str]:
-        found: list[str] = []
-        _walk_slots(self.items, found)
-        return found
+        return list(_slots_of(self.items))
 
     def render(self, values: Mapping[str, Value], conds: Mapping[str, bool], out: Builder) -> None:
         _render_items(self.items, values, conds, out)
@@ -217,6 +216,15 @@ class Pattern:
     @property
     def opens_with_token(self) -> bool:
         return bool(self.items) and isinstance(self.items[0], Tok)
+
+
+@lru_cache(maxsize=4096)
+def _slots_of(items: tuple[Item, ...]) -> tuple[str, ...]:
+    # Asked per message while a request is read: a pattern's slots are
+    # fixed, so they are walked once.
+    found: list[str] = []
+    _walk_slots(items, found)
+    return tuple(found)
 
 
 def _walk_slots(items: Sequence[Item], found: list[str]) -> None:

@@ -264,6 +264,8 @@ def _written(p: Pattern, conds: Mapping[str, bool]) -> bool:
 def _shown_flags(d: LayoutDialect, m: Msg, conds: Mapping[str, bool]) -> list[str]:
     """The message's flags that change how its frame is written (the others
     the format does not show)."""
+    if not m.flags:
+        return []  # most messages: nothing to compare, no render to make
     frame = d.role_frames.get(m.role)
     opening = d.frame_open if frame is None else frame.open
 
