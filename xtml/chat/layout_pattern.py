@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 
 from ..errors import TemplateError, shown
 from ..markup.segments import Segment
@@ -125,6 +124,14 @@ class Pattern:
 
     source: str
     items: tuple[Item, ...]
+    slot_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """The slots, in order: asked per message while a request is read, and
+    fixed with the items, so walked once."""
+
+    def __post_init__(self) -> None:
+        found: list[str] = []
+        _walk_slots(self.items, found)
+        object.__setattr__(self, "slot_names", tuple(found))
 
     @staticmethod
     def compile(source: str, tokens: Sequence[str], slots: frozenset[str], conds: frozenset[str],
@@ -193,7 +200,7 @@ class Pattern:
         return Pattern(source, tuple(out))
 
     def slots(self) -> list[str]:
-        return list(_slots_of(self.items))
+        return list(self.slot_names)
 
     def render(self, values: Mapping[str, Value], conds: Mapping[str, bool], out: Builder) -> None:
         _render_items(self.items, values, conds, out)
@@ -216,15 +223,6 @@ class Pattern:
     @property
     def opens_with_token(self) -> bool:
         return bool(self.items) and isinstance(self.items[0], Tok)
-
-
-@lru_cache(maxsize=4096)
-def _slots_of(items: tuple[Item, ...]) -> tuple[str, ...]:
-    # Asked per message while a request is read: a pattern's slots are
-    # fixed, so they are walked once.
-    found: list[str] = []
-    _walk_slots(items, found)
-    return tuple(found)
 
 
 def _walk_slots(items: Sequence[Item], found: list[str]) -> None:

@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
-__all__ = ["OneThread", "byte_to_char", "usable_cores"]
+__all__ = ["OneThread", "byte_to_char", "unbyte", "usable_cores"]
 
 
 class OneThread:
@@ -58,4 +58,15 @@ def byte_to_char() -> dict[int, str]:
         if b not in out:
             out[b] = chr(256 + n)
             n += 1
+    return out
+
+
+@cache
+def unbyte() -> dict[int, int]:
+    """``str.translate`` table from the byte-level alphabet to Latin-1 (each
+    character to the byte it stands for); other Latin-1 characters go to
+    U+FFFF, which Latin-1 cannot encode, so a token outside the alphabet
+    fails the encode."""
+    out = dict.fromkeys(range(256), 0xFFFF)
+    out.update({ord(c): b for b, c in byte_to_char().items()})
     return out

@@ -39,7 +39,7 @@ from typing import Any
 
 import regex
 
-from .bytelevel import OneThread, byte_to_char, usable_cores
+from .bytelevel import OneThread, unbyte, usable_cores
 
 __all__ = ["FastBPE", "build"]
 
@@ -91,7 +91,7 @@ class FastBPE:
             return None
         if self._nfc and not text.isascii():
             normal = unicodedata.normalize("NFC", text)
-            if normal is not text and normal != text:
+            if normal != text:
                 if refuse.holds(normal):
                     return None
                 text = normal
@@ -238,14 +238,14 @@ def _patterns(spec: Any) -> list[str] | str:
 def _ranks(model: dict[str, Any]) -> tuple[dict[bytes, int], list[int] | None, list[int]] | str:
     """tiktoken's ranks (the merges' order), the ids of the ranks (None
     where they are the ids), and the bytes without a token."""
-    unchar = {c: b for b, c in byte_to_char().items()}
+    table = unbyte()
     vocab: dict[str, int] = model.get("vocab") or {}
 
     def raw(token: str) -> bytes | None:
         try:
-            return bytes([unchar[c] for c in token])
-        except KeyError:
-            return None
+            return token.translate(table).encode("latin-1")
+        except UnicodeEncodeError:
+            return None  # a character outside the alphabet
 
     single: dict[bytes, int] = {}
     for token, i in vocab.items():
@@ -254,8 +254,9 @@ def _ranks(model: dict[str, Any]) -> tuple[dict[bytes, int], list[int] | None, l
             single[b] = i
     missing = [x for x in _UTF8_BYTES if bytes([x]) not in single]
     merges = model.get("merges") or []
-    ranks: dict[bytes, int] = {b: k for k, b in enumerate(sorted(single, key=single.__getitem__))}
-    rank_ids = [single[b] for b in sorted(single, key=single.__getitem__)]
+    by_id = sorted(single, key=single.__getitem__)
+    ranks: dict[bytes, int] = {b: k for k, b in enumerate(by_id)}
+    rank_ids = [single[b] for b in by_id]
     listed: dict[bytes, tuple[bytes, bytes]] = {}
     base = len(ranks)
     for k, m in enumerate(merges):
@@ -280,10 +281,9 @@ def _ranks(model: dict[str, Any]) -> tuple[dict[bytes, int], list[int] | None, l
     if model.get("ignore_merges"):
         # The library takes a piece that is a token whole; tiktoken too, but
         # only among its ranks: a token no merge makes would differ.
-        made = {t for t in ranks}
         for token in vocab:
             b = raw(token)
-            if b is not None and b not in made:
+            if b is not None and b not in ranks:
                 return "a token no merge makes, under ignore_merges"
     if not _merges_agree(ranks, listed):
         return "tiktoken's BPE would join parts the merge list does not pair"

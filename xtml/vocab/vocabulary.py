@@ -14,14 +14,13 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache
 from operator import itemgetter
 from typing import Any, cast
 
 from ..errors import TokenizerError
 from ..lru import Lru
 from ..markup.collector import collector_paused
-from .bytelevel import OneThread, byte_to_char, usable_cores
+from .bytelevel import OneThread, byte_to_char, unbyte, usable_cores
 
 __all__ = ["Vocabulary", "byte_to_char", "byte_vocabulary", "usable_cores"]
 
@@ -55,9 +54,10 @@ _EACH_IDS = 320
 # encode a few million characters, so a command-line render never pays it.
 _FAST_AFTER = 1 << 20
 
-# Held while a byte table is built (a fraction of a second, once per
-# vocabulary): a thread that asks meanwhile waits for the table instead of
-# seeing a half-built one. One lock for all vocabularies keeps them picklable.
+# Held while a byte table or tiktoken's BPE is made (a fraction of a second
+# to two seconds, once per vocabulary): a thread that asks meanwhile waits
+# for it instead of seeing a half-made one. One lock for all vocabularies
+# keeps them picklable.
 _TABLE_LOCK = threading.Lock()
 
 
@@ -327,7 +327,7 @@ class Vocabulary:
             return none
         strs = cast("list[str]", tokens)
         try:
-            data = "".join(strs).translate(_unbyte()).encode("latin-1")
+            data = "".join(strs).translate(unbyte()).encode("latin-1")
         except UnicodeEncodeError:
             return none  # a character outside the alphabet
         table: list[bytes] = []
@@ -387,7 +387,13 @@ def _fast_bpe(tok: Any) -> Any:
     key = hashlib.sha256(saved.encode("utf-8", "surrogatepass")).hexdigest()
     found = _FAST.get(key)
     if found is None:
-        made = build(saved, added)
+        try:
+            made = build(saved, added)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            # A saved tokenizer shaped otherwise than any tokenizers version
+            # this was checked against: the library keeps encoding it, with
+            # the same ids as ever (only the speed-up is forgone).
+            made = "a tokenizer.json of another shape"
         found = made if not isinstance(made, str) else False
         _FAST.put(key, found)
     return found
@@ -422,17 +428,6 @@ def refuse_lone_surrogates(texts: Iterable[str], source: str) -> None:
         except UnicodeEncodeError as e:
             raise TokenizerError(f"{source}: U+{ord(t[e.start]):04X} at character {e.start:,} of a text is a lone "
                                  "surrogate, which no tokenizer encodes") from None
-
-
-@cache
-def _unbyte() -> dict[int, int]:
-    """``str.translate`` table from the byte-level alphabet to Latin-1 (each
-    character to the byte it stands for); other Latin-1 characters go to
-    U+FFFF, which Latin-1 cannot encode, so a token outside the alphabet
-    fails the encode."""
-    out = dict.fromkeys(range(256), 0xFFFF)
-    out.update({ord(c): b for b, c in byte_to_char().items()})
-    return out
 
 
 def byte_vocabulary(special_tokens: Iterable[str] = ()) -> Vocabulary:
