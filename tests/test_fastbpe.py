@@ -281,3 +281,36 @@ def test_merges_out_of_order_and_tokens_made_twice() -> None:
     made = fastbpe.build(_bpe_json([["a", "b"], ["b", "c"], ["ab", "c"], ["a", "bc"]]), [])
     assert made == "a token made by two merges"
     assert fastbpe.build(_bpe_json([["a", "bx"]]), []) == "a merge of a part no merge makes"
+
+
+# Whitespace runs of every length and kind before words, digits, punctuation,
+# apostrophes and the end: where GPT-2's split read without its lookahead is
+# cut.
+_SPACED = st.lists(st.sampled_from([" ", "\n", "\t", "\u3000", "\u00a0", "\x85", "\r\n", "a", "Ab", "7", "12", "٣", "४",
+                                    ".", "'s", "'", "中", "\u0301", "😀", "\x1c"]), max_size=24).map("".join)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gpt2_style"])
+@given(text=_SPACED)
+def test_gpt2s_split_without_its_lookahead_is_the_librarys(name: str, text: str,
+                                                          request: pytest.FixtureRequest) -> None:
+    tok, fast = request.getfixturevalue(name)
+    assert fast.cut  # GPT-2's split, with its last branch (gpt2_style) and without (SmolLM2's)
+    got = fast.ids(text)
+    if got is not None:
+        assert got == tok.encode(text, add_special_tokens=False).ids, repr(text)
+
+
+def test_the_whitespace_it_cuts_at_is_the_librarys() -> None:
+    """The cut's whitespace is the library's \\s (Oniguruma's), as tiktoken's
+    is: Unicode's White_Space, not ``re``'s own \\s."""
+    import re
+
+    from tokenizers import Regex, pre_tokenizers
+
+    chars = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    kept = pre_tokenizers.Split(Regex(r"\s"), "removed").pre_tokenize_str(chars)
+    library = set(chars) - set("".join(s for s, _ in kept))
+    ours = set(re.findall(f"[{fastbpe._WS}]", chars))
+    assert ours == library
+    assert len(ours) == 25

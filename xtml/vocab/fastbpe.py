@@ -35,6 +35,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import regex
@@ -43,8 +44,36 @@ from .bytelevel import OneThread, unbyte, usable_cores
 
 __all__ = ["FastBPE", "build"]
 
-# tokenizers' ByteLevel pre-tokenizer with use_regex (GPT-2's split).
-_GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# tokenizers' ByteLevel pre-tokenizer with use_regex (GPT-2's split), and
+# its head: every branch but the whitespace ones.
+_GPT2_HEAD = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+_GPT2 = _GPT2_HEAD + r"|\s+(?!\S)|\s+"
+
+# GPT-2's split, with or without its last branch (SmolLM2's has none: the
+# text it leaves is a piece of its own), read without the lookahead. The
+# lookahead keeps the last space of a run of two or more before a word for
+# the word, and it alone makes tiktoken's regex backtrack (twice as slow, half
+# of a render). Cut at that space instead, each part a text of its own, it
+# gives the same pieces: :meth:`FastBPE._cut_encode` says why.
+_GPT2_FORMS = (_GPT2, _GPT2_HEAD + r"|\s+(?!\S)")
+_LOOKAHEAD_FREE = _GPT2_HEAD + r"|\s+"
+# The same after a split that isolates each digit (SmolLM2's, StarCoder's):
+# one pattern, the digits its first branch, and the cuts only before what is
+# not a digit (a run before a digit ends a piece there). No branch but the
+# first takes a digit, and none reaches across one, so the pieces between
+# digits are those of the split on its own.
+_DIGITS = r"\p{N}"
+_DIGITS_LOOKAHEAD_FREE = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+"""
+
+# Unicode's White_Space, which is \s to tiktoken's regex, to the library's
+# (Oniguruma) and to the ``regex`` package, spelled out for ``re`` (whose \s
+# also takes U+001C..U+001F).
+_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# A run of two or more whitespace characters before one that is not (for an
+# ASCII text, then any text); before one that is not a digit either.
+_RUN = re.compile(f"[{_WS}]{{2,}}(?=[^{_WS}])")
+_RUNS = (_RUN, _RUN)
+_DIGIT_RUNS = (re.compile(f"[{_WS}]{{2,}}(?=[^{_WS}0-9])"), regex.compile(f"[{_WS}]{{2,}}(?=[^{_WS}\\p{{N}}])"))
 
 # Bytes that the UTF-8 of some text can hold (a vocabulary that lacks a
 # byte's token drops the character in the library, and tiktoken would stop
@@ -72,8 +101,12 @@ class FastBPE:
     """Ordinary text to ids with tiktoken, for one vocabulary."""
 
     def __init__(self, encoding: Any, to_id: list[int] | None, splits: list[Any], nfc: bool,
-                 refuse: _Refusals) -> None:
-        self._encode: Callable[[str], list[int]] = encoding.encode_ordinary
+                 refuse: _Refusals, runs: tuple[Any, Any] | None = None) -> None:
+        #: Whether GPT-2's split runs without its lookahead (cut texts).
+        self.cut = runs is not None
+        # Where to cut an ASCII text, and any other.
+        self._runs = runs
+        self._whole: Callable[[str], list[int]] = encoding.encode_ordinary
         self._to_id = to_id
         self._splits = splits
         # One search for any of the earlier splits: most texts hold none of
@@ -95,7 +128,13 @@ class FastBPE:
                 if refuse.holds(normal):
                     return None
                 text = normal
-        enc = self._encode
+        enc = self._whole
+        runs = self._runs
+        if runs is not None:
+            rx = runs[0] if text.isascii() else runs[1]
+            # A text without a run to cut at has none in any of its pieces.
+            if rx.search(text) is not None:
+                enc = partial(self._cut_encode, rx)
         to_id = self._to_id
         if self._any_split is None or self._any_split.search(text) is None:
             return enc(text) if to_id is None else [to_id[r] for r in enc(text)]
@@ -109,11 +148,43 @@ class FastBPE:
                 if got is None:
                     if len(short) >= _SHORT_LIMIT:
                         short.clear()
-                    got = short[piece] = enc(piece)
+                    got = short[piece] = self._whole(piece)  # too short to cut
                 out += got
             else:
                 out += enc(piece)
         return out if to_id is None else [to_id[r] for r in out]
+
+    def _cut_encode(self, runs: Any, text: str) -> list[int]:
+        r"""``text`` encoded by GPT-2's split read without its lookahead, cut
+        before the last character of each run of two or more whitespace
+        characters that something else follows.
+
+        The pieces are the library's. GPT-2's head (every branch but the
+        whitespace ones) takes whitespace only as the first character of a
+        match, one space before a word, a number or punctuation. So no head
+        match holds two characters of a run, or reaches across a cut, and
+        cutting changes none of them. With the lookahead, a run of two or
+        more that something follows makes two pieces: the run but its last
+        character, then that character (alone, or with what follows where
+        it is a space the head takes). Cut before that character, the first
+        part ends in the rest of the run, which ``\s+`` takes whole as the
+        lookahead did; the second starts with it, one whitespace character
+        before something else, where the lookahead branch fails and ``\s+``
+        takes the one character (where there is no such branch, SmolLM2's
+        split, the library keeps the character left between matches as a
+        piece of its own: the same). A run at the end is taken whole by
+        both. The head and ``\s+`` match at every character, so nothing is
+        left between matches for tiktoken to drop.
+        """
+        enc = self._whole
+        out: list[int] = []
+        at = 0
+        for m in runs.finditer(text):
+            k = m.end() - 1
+            out += enc(text[at:k])
+            at = k
+        out += enc(text[at:])
+        return out
 
     def ids_many(self, texts: Sequence[str]) -> list[list[int] | None]:
         """:meth:`ids` of each text; a large batch in two halves, one on
@@ -180,16 +251,23 @@ def build(tokenizer_json: str, non_special_added: Sequence[str]) -> FastBPE | st
         # make empty pieces and cut at it all the same.
         if any(regex.fullmatch(p, "") for p in patterns):
             return "a split that matches empty text"
-        # tiktoken encodes only what its pattern matches; the library keeps
-        # the text between matches as pieces too, which the second branch
-        # matches (a run of characters where the split does not match).
-        pat = f"(?:{last})|(?:(?!(?:{last}))[\\s\\S])+"
+        runs: tuple[Any, Any] | None = None
+        if last in _GPT2_FORMS and first == [_DIGITS]:
+            splits, pat, runs = [], _DIGITS_LOOKAHEAD_FREE, _DIGIT_RUNS
+        elif last in _GPT2_FORMS:
+            pat, runs = _LOOKAHEAD_FREE, _RUNS
+        else:
+            # tiktoken encodes only what its pattern matches; the library
+            # keeps the text between matches as pieces too, which the second
+            # branch matches (a run of characters where the split does not).
+            # (GPT-2's split read without its lookahead matches everywhere.)
+            pat = f"(?:{last})|(?:(?!(?:{last}))[\\s\\S])+"
         encoding = tiktoken.Encoding("xtml-bpe", pat_str=pat, mergeable_ranks=ranks, special_tokens={})
         encoding.encode_ordinary("a")
     except Exception as e:  # regex or tiktoken refusing a pattern
         return f"a split pattern tiktoken cannot take ({type(e).__name__})"
     refuse = _Refusals(missing, non_special_added)
-    return FastBPE(encoding, to_id, splits, nfc, refuse)
+    return FastBPE(encoding, to_id, splits, nfc, refuse, runs)
 
 
 def _normalizer(spec: Any) -> bool | None:
