@@ -469,6 +469,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _surrogates(text: str, i: int) -> None:
+    if text.isascii():  # a flag of the string: no scan
+        return
     m = _SURROGATE.search(text)
     if m is not None:
         raise MessageError(f"a lone surrogate (U+{ord(m.group()):04X}) at character {m.start()}: text must be "

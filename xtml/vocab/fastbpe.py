@@ -133,8 +133,11 @@ class FastBPE:
         if runs is not None:
             rx = runs[0] if text.isascii() else runs[1]
             # A text without a run to cut at has none in any of its pieces.
-            if rx.search(text) is not None:
-                enc = partial(self._cut_encode, rx)
+            first = rx.search(text)
+            if first is not None:
+                # (Searched again from the first cut; a piece of the text,
+                # from its start.)
+                enc = partial(self._cut_encode, rx, 0 if self._any_split is not None else first.start())
         to_id = self._to_id
         if self._any_split is None or self._any_split.search(text) is None:
             return enc(text) if to_id is None else [to_id[r] for r in enc(text)]
@@ -154,7 +157,7 @@ class FastBPE:
                 out += enc(piece)
         return out if to_id is None else [to_id[r] for r in out]
 
-    def _cut_encode(self, runs: Any, text: str) -> list[int]:
+    def _cut_encode(self, runs: Any, start: int, text: str) -> list[int]:
         r"""``text`` encoded by GPT-2's split read without its lookahead, cut
         before the last character of each run of two or more whitespace
         characters that something else follows.
@@ -179,7 +182,7 @@ class FastBPE:
         enc = self._whole
         out: list[int] = []
         at = 0
-        for m in runs.finditer(text):
+        for m in runs.finditer(text, start):
             k = m.end() - 1
             out += enc(text[at:k])
             at = k
@@ -427,6 +430,9 @@ class _Refusals:
                 # has some, so all of them go to the library.
                 chars.append("\x80-\U0010ffff")
         self._chars = re.compile(f"[{''.join(chars)}]")
+        # An ASCII text (a flag of the string) holds none but these, found
+        # by substring search, many times faster than a character class.
+        self._ascii = tuple(chr(b) for b in missing if b < 0x80)
         added = sorted((a for a in added if a), key=len, reverse=True)
         # The added tokens mostly share a beginning ("<|", or "<" and a
         # full-width bar): a substring test rules out most texts before the
@@ -435,7 +441,11 @@ class _Refusals:
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
     def holds(self, text: str) -> bool:
-        if self._chars.search(text) is not None:
+        if text.isascii():
+            for c in self._ascii:
+                if c in text:
+                    return True
+        elif self._chars.search(text) is not None:
             return True
         found = self._added
         if found is None or (self._prefix and self._prefix not in text):
