@@ -120,8 +120,27 @@ def lex_text(d: LayoutDialect, text: str) -> Lexed:
 
 
 def lex_ids(binding: TokenBinding, ids: Sequence[int]) -> Lexed:
+    s = binding.lex_whole(ids)
+    if s is not None:
+        return Lexed(s, _located_later(binding, ids, s))
     s, starts, offsets = binding.lex(ids)
     return Lexed(s, locate(starts, offsets, len(ids), s))
+
+
+def _located_later(binding: TokenBinding, ids: Sequence[int], s: str) -> Callable[[int], int]:
+    """Where a character of ``s`` came from, as :meth:`TokenBinding.lex`
+    says it, worked out when first asked (an error, a diagnostic): most
+    parses never ask."""
+    found: Callable[[int], int] | None = None
+
+    def offset(at: int) -> int:
+        nonlocal found
+        if found is None:
+            _, starts, offsets = binding.lex(ids)
+            found = locate(starts, offsets, len(ids), s)
+        return found(at)
+
+    return offset
 
 
 def parse(d: LayoutDialect, binding: TokenBinding | None, data: Sequence[int] | str, *, completion: bool,
@@ -237,6 +256,10 @@ class _RichLive:
         self.held = ""
 
 
+def _always(s: str) -> bool:
+    return True
+
+
 _READY, _READING, _ENDED, _FAILED = (StreamState.READY, StreamState.READING, StreamState.ENDED,
                                      StreamState.FAILED)
 
@@ -288,6 +311,11 @@ class LayoutStream:
             self._rich = HarmonyLive(d) if bool(self._bytes) and not binding.text_tokens else None
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
         self._trailing = False
+        # The live reader's test for text that goes out as it is, where it
+        # has one (see content_text).
+        self._plain: Callable[[str], bool] | None = getattr(self._rich, "plain", None)
+        if self._rich is None and self._live:
+            self._plain = _always  # the answer is its content, every piece as it comes
         # The lexed string of what was fed, made as it comes (as the batch
         # lex makes it: a run of text decoded whole, each token its
         # character), so the end parses it without reading the ids again.
@@ -314,6 +342,23 @@ class LayoutStream:
         for t in ids:
             self._feed(t, out)
         return out
+
+    def content_text(self, token_id: int) -> str | None:
+        """Feeds ``token_id`` where it is ordinary text that goes out as
+        content as it is (a piece of an answer's content, with nothing held),
+        and returns that text: :meth:`feed` would give one ``text`` event of
+        it on the response channel. Anywhere else, None, and nothing is fed:
+        :meth:`feed` reads it. (A server's fast path, one delta at a time.)"""
+        plain = self._plain
+        if plain is None or self._state is not _READING or not self._clean or self._run_at < 0 \
+                or type(token_id) is not int or not 0 <= token_id < self._size:
+            return None
+        s = self._strs[token_id]  # None for a token's id
+        if not s or not plain(s):
+            return None
+        self._ids.append(token_id)
+        self._run.append(s)
+        return s
 
     def close(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []

@@ -34,12 +34,18 @@ class TurnsLive:
         self.buf = ""  # text read but not sent: leading or trailing whitespace, a call's possible start
         self.emitted: list[str] = []  # joined at the end: adding to one string copies it each time
 
-    def text(self, s: str, at: int, out: list[StreamEvent]) -> None:
+    def plain(self, s: str) -> bool:
+        """Whether ``s`` goes out as content as it is (then it is taken):
+        most pieces of content, with nothing held and nothing to hold."""
         if self.state == "content" and not self.buf and (not self.lead or self.lead[0] not in s) \
                 and s.rstrip() is s:
-            # Most pieces of content: nothing held, nothing to hold.
-            out.append(StreamEvent("text", at, "response", s))
             self.emitted.append(s)
+            return True
+        return False
+
+    def text(self, s: str, at: int, out: list[StreamEvent]) -> None:
+        if self.plain(s):
+            out.append(StreamEvent("text", at, "response", s))
             return
         self.first = False
         if self.state == "held":

@@ -229,6 +229,8 @@ class XtmlLayoutToolParser(ToolParser):
         super().__init__(tokenizer, tools)
         self.x = _layout_setup(tokenizer)
         self.stream: Any = None
+        # The stream's fast path gives content on the response channel.
+        self._fast = self.x.content_tag == "response"
         self.sent_calls = 0
         self.generated: list[int] | None = None
 
@@ -282,9 +284,15 @@ class XtmlLayoutToolParser(ToolParser):
                                      delta_token_ids: Sequence[int], request: Any) -> DeltaMessage | None:
         if not delta_token_ids:
             return None
-        if self.stream is None:
-            self.stream = self.x.tpl.stream(self.x.vocab, tools=_tools(request))
-        return self._delta(self.stream.feed_many(delta_token_ids))
+        stream = self.stream
+        if stream is None:
+            stream = self.stream = self.x.tpl.stream(self.x.vocab, tools=_tools(request))
+        if len(delta_token_ids) == 1 and self._fast:
+            # Most deltas: one id of content, as it is.
+            text = stream.content_text(delta_token_ids[0])
+            if text is not None:
+                return DeltaMessage(content=text)
+        return self._delta(stream.feed_many(delta_token_ids))
 
     def finish_streaming(self) -> DeltaMessage | None:
         """The end of the stream: what the stream parser held, and the calls."""

@@ -70,6 +70,7 @@ class TokenBinding:
         self._text_table: list[bytes | None] | None = None
         self._char_list: list[str | None] | None = None
         self._text_strs: list[str | None] | None = None
+        self._whole_table: list[str | None] | None = None
         self.derived: dict[Any, Any] = {}
 
     # -- pieces → ids ------------------------------------------------------------------
@@ -166,6 +167,32 @@ class TokenBinding:
         if pieces:
             starts += accumulate(map(len, pieces[:-1]), initial=0)
         return "".join(pieces), starts, offsets
+
+    def lex_whole(self, ids: Sequence[int]) -> str | None:
+        """The lexed string of ids in one join, where each id is a token or
+        text that is whole UTF-8 on its own (most ids of most prompts); None
+        where :meth:`lex` must say (a bad id, a character cut across ids, a
+        token this vocabulary spells as text). The same string: text whole
+        on each side of a cut decodes as the run decodes."""
+        if len(ids) < 2 or self._text_finder is not None:
+            return None
+        table = self._whole_table
+        if table is None:
+            strs = self.text_strs()
+            if not strs:
+                return None
+            # A token's id is its character; past the vocabulary, None:
+            # a negative id indexes there (or past it), and fails the join.
+            table = [*strs, *[None] * len(strs)]
+            for i, c in self.char_of_id.items():
+                table[i] = c
+            self._whole_table = table
+        try:
+            if set(map(type, ids)) != _INT:
+                return None
+            return "".join(itemgetter(*ids)(table))
+        except (TypeError, IndexError):
+            return None
 
     def lexed_run(self, text: str) -> str:
         """A decoded run of ordinary ids as a lexed string has it: each
