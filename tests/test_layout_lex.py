@@ -128,3 +128,40 @@ def test_the_python_work_of_lex_goes_over_the_tokens_not_the_ids(binding: TokenB
     # Four times the text between the same tokens: the same Python work (a
     # loop over every id made it four times).
     assert lines[1] == lines[0], lines
+
+
+def test_the_one_join_is_the_lex_where_it_is_taken(binding: TokenBinding) -> None:
+    """``lex_whole``, the lex of most prompts in one join: the reference's
+    string wherever it gives one, nothing for a bad id, and the same map
+    from a character to its token offset, made when asked."""
+    from xtml.codec.layout import lex_ids
+
+    rng = random.Random(12)
+    tokens = list(binding.char_of_id)
+    table = binding.vocab.byte_table()
+    odd = [i for i, raw in enumerate(table) if len(raw) == 1 and raw[0] >= 0x80]
+    whole = binding.vocab.encode_texts(["Hello, world: the quick brown fox.\n\n  x = 1"])[0]
+    taken = 0
+    for trial in range(600):
+        n = rng.choice([0, 1, 2, 7, 60, 400])
+        pool = odd if trial % 4 == 0 else whole if trial % 2 else range(binding.vocab.size)
+        ids: list[Any] = [rng.choice(tokens) if rng.random() < 0.2 else rng.choice(pool) for _ in range(n)]
+        if trial % 25 == 0 and n > 0:
+            ids[rng.randrange(n)] = rng.choice([-1, -binding.vocab.size - 1, binding.vocab.size,
+                                               2 * binding.vocab.size, True, "7", 1.0, None])
+            assert binding.lex_whole(ids) is None
+            continue
+        s = binding.lex_whole(ids)
+        if s is None:
+            continue
+        taken += 1
+        text, starts, offsets = reference(binding, ids)
+        assert s == text
+        lx = lex_ids(binding, ids)
+        assert lx.text == text
+        want = xtml.vocab.tokens.locate(starts, offsets, len(ids), text)
+        assert [lx.offset(at) for at in range(len(text) + 1)] == [want(at) for at in range(len(text) + 1)]
+    if not binding.text_tokens:
+        assert taken > 100
+    else:
+        assert taken == 0  # a token spelled as text: the lex finds it in the runs

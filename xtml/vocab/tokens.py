@@ -181,14 +181,13 @@ class TokenBinding:
             strs = self.text_strs()
             if not strs:
                 return None
-            # A token's id is its character; past the vocabulary, None:
-            # a negative id indexes there (or past it), and fails the join.
-            table = [*strs, *[None] * len(strs)]
+            # A token's id is its character.
+            table = list(strs)
             for i, c in self.char_of_id.items():
                 table[i] = c
             self._whole_table = table
         try:
-            if set(map(type, ids)) != _INT:
+            if set(map(type, ids)) != _INT or min(ids) < 0:
                 return None
             return "".join(itemgetter(*ids)(table))
         except (TypeError, IndexError):
