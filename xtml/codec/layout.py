@@ -186,6 +186,15 @@ class _RichLive:
     def _channel(self) -> str:
         return "think" if self.state == "think" else "response"
 
+    def plain(self, s: str) -> bool:
+        """Whether ``s`` goes out as content as it is: content, nothing held
+        or skipped, and nothing at its end to hold."""
+        if self.state != "content":
+            return False
+        if self.sh.exact:
+            return True
+        return not self.skip and not self.held and (s.rstrip() if self.sh.trim else s.rstrip("\n")) is s
+
     def text(self, s: str, at: int, out: list[StreamEvent]) -> None:
         if self.state == "calls":
             return
