@@ -57,11 +57,11 @@ _GPT2 = _GPT2_HEAD + r"|\s+(?!\S)|\s+"
 # gives the same pieces: :meth:`FastBPE._cut_encode` says why.
 _GPT2_FORMS = (_GPT2, _GPT2_HEAD + r"|\s+(?!\S)")
 _LOOKAHEAD_FREE = _GPT2_HEAD + r"|\s+"
-# The same after a split that isolates each digit (SmolLM2's, StarCoder's):
-# one pattern, the digits its first branch, and the cuts only before what is
-# not a digit (a run before a digit ends a piece there). No branch but the
-# first takes a digit, and none reaches across one, so the pieces between
-# digits are those of the split on its own.
+# The same after a split that isolates each digit (SmolLM2's, a Split of
+# \p{N}): one pattern, the digits its first branch, and the cuts only before
+# what is not a digit (a run before a digit ends a piece there). No branch
+# but the first takes a digit, and none reaches across one, so the pieces
+# between digits are those of the split on its own.
 _DIGITS = r"\p{N}"
 _DIGITS_LOOKAHEAD_FREE = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+"""
 
