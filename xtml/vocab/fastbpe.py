@@ -46,7 +46,9 @@ __all__ = ["FastBPE", "build"]
 
 # tokenizers' ByteLevel pre-tokenizer with use_regex (GPT-2's split), and
 # its head: every branch but the whitespace ones.
-_GPT2_HEAD = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+"
+_OTHERS = r" ?[^\s\p{L}\p{N}]+"
+_GPT2_HEAD = _WORDS + r"| ?\p{N}+|" + _OTHERS
 _GPT2 = _GPT2_HEAD + r"|\s+(?!\S)|\s+"
 
 # GPT-2's split, with or without its last branch (SmolLM2's has none: the
@@ -63,7 +65,7 @@ _LOOKAHEAD_FREE = _GPT2_HEAD + r"|\s+"
 # but the first takes a digit, and none reaches across one, so the pieces
 # between digits are those of the split on its own.
 _DIGITS = r"\p{N}"
-_DIGITS_LOOKAHEAD_FREE = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+"""
+_DIGITS_LOOKAHEAD_FREE = _DIGITS + "|" + _WORDS + "|" + _OTHERS + r"|\s+"
 
 # Unicode's White_Space, which is \s to tiktoken's regex, to the library's
 # (Oniguruma) and to the ``regex`` package, spelled out for ``re`` (whose \s

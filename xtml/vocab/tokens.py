@@ -129,7 +129,7 @@ class TokenBinding:
         # the Python loop below goes over the tokens only.
         chars = self._chars_by_id()
         try:
-            if n and (set(map(type, ids)) != _INT or min(ids) < 0):
+            if n and not _plain_ints(ids):
                 raise IndexError
             # One C call for all the lookups (a map would call a method per id).
             marks = itemgetter(*ids)(chars) if n > 1 else [chars[i] for i in ids]
@@ -181,17 +181,16 @@ class TokenBinding:
             strs = self.text_strs()
             if not strs:
                 return None
-            # A token's id is its character.
-            table = list(strs)
-            for i, c in self.char_of_id.items():
-                table[i] = c
+            # A token's id is its character, any other id its whole text.
+            table = [s if c is None else c for s, c in zip(strs, self._chars_by_id(), strict=True)]
             self._whole_table = table
         try:
-            if set(map(type, ids)) != _INT or min(ids) < 0:
-                return None
-            return "".join(itemgetter(*ids)(table))
+            s = "".join(itemgetter(*ids)(table))
         except (TypeError, IndexError):
-            return None
+            return None  # a character cut across ids (or a bad id): lex checks the ids once
+        # A bool or a negative id has text in the table: only lex reads it
+        # (and refuses it).
+        return s if _plain_ints(ids) else None
 
     def lexed_run(self, text: str) -> str:
         """A decoded run of ordinary ids as a lexed string has it: each
@@ -253,6 +252,12 @@ class TokenBinding:
                 strs.append(s)
             self._text_strs = strs
         return strs
+
+
+def _plain_ints(ids: Sequence[Any]) -> bool:
+    """Every id an ``int`` (not a bool or another integer type) and none
+    negative, in C loops; the range above is the lookups' to check."""
+    return set(map(type, ids)) == _INT and min(ids) >= 0
 
 
 def locate(starts: list[int], offsets: list[int], ids_len: int, text: str) -> Any:
